@@ -1,0 +1,100 @@
+"""One KV cache for every caching policy.
+
+:class:`KVCache` preallocates keys (after RoPE) and values for every layer, ``(B, H, T_max, D)``
+each, indexed by *column of the running sequence*. A forward over a window of columns
+``[start, start + W)`` reads cached K/V for every other column below ``max(length, start + W)``
+and either
+
+- ``commit=True``: writes the window's fresh K/V into the cache (and extends ``length``), or
+- ``commit=False``: uses them for this call only; the cache is unchanged.
+
+Policies (``dlm.sampling`` none, ``bd3lm`` exact, ``fastdllm`` prefix/dual) differ only in which
+window they recompute and when they commit.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """Preallocated per-layer keys/values: ``k``, ``v`` of shape (n_layers, B, H, T_max, D)."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
+        if min(n_layers, batch_size, n_kv_heads, head_dim, max_len) <= 0:
+            raise ValueError("KVCache dimensions must all be positive")
+        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, T, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, T, D)
+        self.length = 0  # columns [0, length) hold valid K/V
+        self.max_len = max_len
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int) -> "KVCache":
+        """A cache shaped for ``model`` (a :class:`dlm.model.Transformer`)."""
+        cfg = model.config
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len={max_len} exceeds the model's max_seq_len={cfg.max_seq_len}")
+        p = next(model.parameters())
+        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, cfg.head_dim, max_len, p.dtype, p.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def key_len(self, start: int, width: int) -> int:
+        """Number of key columns a window ``[start, start+width)`` attends over."""
+        return max(self.length, start + width)
+
+    def check_window(self, start: int, width: int) -> None:
+        if start < 0 or start > self.length:
+            raise ValueError(
+                f"window start={start} must lie in [0, cache.length={self.length}] (no gaps)"
+            )
+        if start + width > self.max_len:
+            raise ValueError(f"window end {start + width} exceeds cache max_len={self.max_len}")
+
+    def layer_kv(
+        self, layer: int, k_new: Tensor, v_new: Tensor, start: int, commit: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Keys/values over columns ``[0, key_len)`` with the window replaced by fresh ones.
+
+        k_new, v_new: (B, H, W, D). Returns (B, H, key_len, D) each.
+        """
+        width = k_new.shape[2]
+        stop = start + width
+        end = self.key_len(start, width)
+        if commit:
+            self.k[layer, :, :, start:stop] = k_new
+            self.v[layer, :, :, start:stop] = v_new
+            return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        ks, vs = [self.k[layer, :, :, :start], k_new], [self.v[layer, :, :, :start], v_new]
+        if end > stop:
+            ks.append(self.k[layer, :, :, stop:end])
+            vs.append(self.v[layer, :, :, stop:end])
+        return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+
+    def advance(self, end: int) -> None:
+        """Mark columns below ``end`` valid (called by the model after a committing forward)."""
+        self.length = max(self.length, end)
+
+    def truncate(self, length: int) -> None:
+        """Forget columns at and after ``length`` (their storage is overwritten later)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length must lie in [0, {self.length}], got {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0

@@ -1,0 +1,243 @@
+"""Load and save HF-format model directories: native, LLaDA and Dream layouts.
+
+A directory holds ``config.json``, ``model.safetensors`` (or shards listed in
+``model.safetensors.index.json``) and, optionally, tokenizer files. :func:`load_model` builds the
+model on the meta device and assigns the checkpoint tensors directly (an 8B model is never
+materialised twice), checking every expected tensor name and shape first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from .layouts import config_from_json, config_to_json, layout_name_map
+from .model import ModelConfig, Transformer
+
+PathLike = Union[str, os.PathLike]
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "float64": torch.float64}
+
+
+def _as_dtype(dtype) -> Optional[torch.dtype]:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise TypeError(f"dtype must be a torch.dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+def resolve_path(path_or_id: PathLike) -> Path:
+    """A local directory, or a hub id downloaded with ``huggingface_hub`` (lazy import)."""
+    path = Path(path_or_id)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"path_or_hub_id {str(path)!r} is a file, expected a checkpoint directory")
+    if str(path_or_id).count("/") == 1 and not str(path_or_id).startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError as e:  # pragma: no cover
+            raise FileNotFoundError(f"{path_or_id!r} is not a directory and huggingface_hub is missing") from e
+        return Path(snapshot_download(str(path_or_id)))
+    raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+
+
+def read_config(path: PathLike) -> tuple[ModelConfig, dict]:
+    """ModelConfig and the raw config.json dict of a checkpoint directory."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"missing {cfg_file}")
+    raw = json.loads(cfg_file.read_text())
+    return config_from_json(raw), raw
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """tensor name -> file, from the shard index or the single weights file."""
+    index = path / INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no weight_map")
+        return {name: path / f for name, f in weight_map.items()}
+    single = path / WEIGHTS
+    if not single.is_file():
+        raise FileNotFoundError(f"missing weight file {single} (and no {INDEX})")
+    return {name: single for name in _safetensor_keys(single)}
+
+
+def _safetensor_keys(file: Path) -> list[str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return list(f.keys())
+    except Exception as e:
+        raise ValueError(f"cannot read weight file {file} (missing, truncated or corrupt): {e}") from None
+
+
+def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype) -> dict[str, torch.Tensor]:
+    """Load checkpoint tensors named in ``wanted`` (ckpt name -> native name)."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for ckpt_name in wanted:
+        by_file.setdefault(files[ckpt_name], []).append(ckpt_name)
+    out = {}
+    for file, names in by_file.items():
+        if not file.is_file():
+            raise FileNotFoundError(f"missing weight shard {file}")
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for n in names:
+                    t = f.get_tensor(n)
+                    out[wanted[n]] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+        except (FileNotFoundError, KeyError):
+            raise
+        except Exception as e:
+            raise ValueError(f"cannot read weight file {file} (truncated or corrupt): {e}") from None
+    return out
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name -> shape that a ``cfg`` model needs, in ``cfg.layout`` naming."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    names = layout_name_map([n for n, _ in model.named_parameters()], cfg.layout)
+    return {names[n]: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def load_tokenizer(path: PathLike, layout: str = "native"):
+    """``transformers.AutoTokenizer`` from the directory, or None when it has no tokenizer files.
+
+    Dream ships a remote-code ``DreamTokenizer``; it is a Qwen2 BPE tokenizer, so it is loaded as
+    ``Qwen2Tokenizer`` without running remote code.
+    """
+    path = Path(path)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    tok_cfg_file = path / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_file.read_text()) if tok_cfg_file.is_file() else {}
+    if tok_cfg.get("auto_map") and tok_cfg.get("tokenizer_class") == "DreamTokenizer":
+        from transformers import Qwen2Tokenizer
+
+        return Qwen2Tokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
+    """Load ``(model, tokenizer)`` from a native, LLaDA or Dream HF-format directory.
+
+    dtype: parameter dtype (default float32; pass ``torch.bfloat16`` for the 7-8B checkpoints).
+    The tokenizer is None when the directory has no tokenizer files. The model is in eval mode.
+    """
+    dtype = _as_dtype(dtype)
+    path = resolve_path(path_or_hub_id)
+    cfg, _ = read_config(path)
+    tokenizer = load_tokenizer(path, cfg.layout)
+    if tokenizer is not None and cfg.eot_token_id is None:
+        eot = tokenizer.convert_tokens_to_ids("<|eot_id|>") if "<|eot_id|>" in tokenizer.get_vocab() else None
+        if eot is not None:
+            cfg = ModelConfig.from_dict({**cfg.to_dict(), "eot_token_id": eot})
+    files = _weight_files(path)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    name_map = layout_name_map([n for n, _ in model.named_parameters()], cfg.layout)
+    missing = [c for c in name_map.values() if c not in files]
+    if missing:
+        raise ValueError(f"checkpoint {path} is missing tensor(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    tensors = _read_tensors(files, {c: n for n, c in name_map.items()}, device, dtype)
+    for n, p in model.named_parameters():
+        if tuple(tensors[n].shape) != tuple(p.shape):
+            raise ValueError(f"tensor {name_map[n]!r} has shape {tuple(tensors[n].shape)}, "
+                             f"expected {tuple(p.shape)}")
+    model.load_state_dict(tensors, strict=True, assign=True)
+    return model.eval(), tokenizer
+
+
+def _atomic_dir(out_dir: Path):
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+
+
+def save_model(model: Transformer, tokenizer, out_dir: PathLike, dtype=None, layout: str = "native",
+               extra_config: Optional[dict] = None, max_shard_bytes: Optional[int] = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files) atomically.
+
+    layout: ``native`` (default), ``llada`` or ``dream`` naming (for tiny test checkpoints in the
+    real layouts). dtype: storage dtype (e.g. ``torch.bfloat16``). extra_config: JSON-able
+    metadata stored under ``config.json["extra"]`` (e.g. BD3-LM block size, schedule clipping).
+    max_shard_bytes: split into ``model-0000k-of-0000n.safetensors`` + index when set.
+    The directory is written beside ``out_dir`` and renamed into place, so ``out_dir`` is always
+    either the old complete checkpoint or the new one.
+    """
+    from safetensors.torch import save_file
+
+    dtype = _as_dtype(dtype)
+    out_dir = Path(out_dir)
+    cfg_json = config_to_json(model.config, layout)
+    if extra_config:
+        cfg_json["extra"] = extra_config
+    if dtype is not None:
+        cfg_json["torch_dtype"] = str(dtype).removeprefix("torch.")
+    names = layout_name_map([n for n, _ in model.named_parameters()], layout)
+    tensors = {}
+    for n, p in model.named_parameters():
+        t = p.detach()
+        t = t.to(dtype) if dtype is not None else t
+        tensors[names[n]] = t.to("cpu").contiguous()
+    tmp = _atomic_dir(out_dir)
+    try:
+        (tmp / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+        if max_shard_bytes is None:
+            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        else:
+            _save_sharded(tensors, tmp, max_shard_bytes)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, max_bytes: int) -> None:
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

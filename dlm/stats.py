@@ -1,0 +1,95 @@
+"""Per-call sampling statistics: NFE, positions computed, FLOPs, tokens until EOS, wall time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SampleStats:
+    """What one ``generate`` call cost.
+
+    nfe: forward passes (network function evaluations) for the batch.
+    positions_computed: sum over forwards of the query columns recomputed, per row (a padded
+        batch computes the same columns for every row).
+    tokens_until_eos: (B,) generated tokens up to and including the first EOS (gen length if none).
+    seconds: wall time of the call; forward_seconds: time inside model forwards
+        (synchronised on CUDA); the rest is the sampler's own overhead.
+    steps: denoising steps taken (commit rounds); tokens_per_step = committed tokens / steps.
+    """
+
+    nfe: int = 0
+    positions_computed: int = 0
+    steps: int = 0
+    tokens_committed: int = 0
+    seconds: float = 0.0
+    forward_seconds: float = 0.0
+    tokens_until_eos: Optional[Tensor] = None
+    first_eos_step: Optional[Tensor] = None  # (B,) step at which the first EOS was committed, -1 if never
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(self.seconds - self.forward_seconds, 0.0)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens_committed / max(self.steps, 1)
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("tokens_until_eos", "first_eos_step", "extra")}
+        if self.tokens_until_eos is not None:
+            out["tokens_until_eos"] = self.tokens_until_eos.tolist()
+        if self.first_eos_step is not None:
+            out["first_eos_step"] = self.first_eos_step.tolist()
+        out["tokens_per_step"] = self.tokens_per_step
+        out.update(self.extra)
+        return out
+
+
+class ForwardTimer:
+    """Counts forwards and their time into a :class:`SampleStats`."""
+
+    def __init__(self, stats: SampleStats, device: torch.device) -> None:
+        self.stats, self.cuda = stats, device.type == "cuda"
+        self._t0 = 0.0
+
+    def __call__(self, n_positions: int) -> "ForwardTimer":
+        self.stats.nfe += 1
+        self.stats.positions_computed += n_positions
+        return self
+
+    def __enter__(self) -> "ForwardTimer":
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.stats.forward_seconds += time.perf_counter() - self._t0
+
+
+def tokens_until_eos(generated: Tensor, eos_id: Optional[int]) -> Tensor:
+    """(B, G) generated ids -> (B,) count up to and including the first EOS (G if none)."""
+    B, G = generated.shape
+    if eos_id is None:
+        return torch.full((B,), G, dtype=torch.long, device=generated.device)
+    is_eos = generated == eos_id
+    first = torch.where(is_eos.any(-1), is_eos.float().argmax(-1), torch.full((B,), G - 1, device=generated.device))
+    return (first + 1).long()
+
+
+def forward_flops(n_params_no_emb: int, n_layers: int, d_model: int, q_len: int, k_len: int,
+                  vocab_size: int, head_positions: Optional[int] = None) -> int:
+    """Forward FLOPs of one window: 2 * params per query token for the dense layers, plus
+    attention 4 * n_layers * d_model * Q * K (QK^T and AV), plus 2 * d * V per head position."""
+    head_positions = q_len if head_positions is None else head_positions
+    return (2 * n_params_no_emb * q_len + 4 * n_layers * d_model * q_len * k_len
+            + 2 * d_model * vocab_size * head_positions)

@@ -1,0 +1,34 @@
+"""GSM8K-format tasks: procedural arithmetic, real GSM8K, answer extraction, prompts."""
+
+from dlm.tasks.arith import (
+    ArithConfig,
+    arith_vocabulary,
+    generate_problems,
+    iter_problems,
+    parse_chain,
+    problem_key,
+    split_of_key,
+)
+from dlm.tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate, fewshot_examples, format_prompt, sample_shots
+from dlm.tasks.gsm8k import Problem, extract_flexible, extract_strict, is_correct, load_gsm8k, normalize_number
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "ArithConfig",
+    "Problem",
+    "PromptTemplate",
+    "arith_vocabulary",
+    "extract_flexible",
+    "extract_strict",
+    "fewshot_examples",
+    "format_prompt",
+    "generate_problems",
+    "is_correct",
+    "iter_problems",
+    "load_gsm8k",
+    "normalize_number",
+    "parse_chain",
+    "problem_key",
+    "sample_shots",
+    "split_of_key",
+]

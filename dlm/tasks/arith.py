@@ -1,0 +1,294 @@
+"""Procedural GSM8K-format arithmetic word problems.
+
+The task is deliberately small and regular so that a tiny masked-diffusion
+model can learn it on a CPU: a closed vocabulary (10 names, 10 objects, two or
+three phrasings per operation), one to a few operations, and values bounded by
+``max_value``.  Example::
+
+    question: "Ann has 12 apples. She buys 7 more. She gives 5 away.
+               How many apples does Ann have?"
+    answer:   "12 + 7 = 19\\n19 - 5 = 14\\n#### 14"
+
+Train and test are disjoint *by construction*: each problem has a canonical
+key made only of its numbers and operators (``"12+7-5"``), the key is hashed
+into one of ten buckets, bucket 0 is the test split, and the generator
+rejection-samples until the key belongs to the requested split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from dlm.tasks.gsm8k import Problem
+
+__all__ = [
+    "NAMES",
+    "OBJECTS",
+    "SPLITS",
+    "ArithConfig",
+    "arith_vocabulary",
+    "generate_problems",
+    "iter_problems",
+    "parse_chain",
+    "problem_key",
+    "split_of_key",
+]
+
+#: Supported split names.
+SPLITS = ("train", "test")
+#: One key in ``_BUCKETS`` buckets (bucket 0) belongs to the test split.
+_BUCKETS = 10
+#: Give up after this many consecutive rejected samples.
+_MAX_ATTEMPTS = 20_000
+
+#: (name, subject pronoun) pairs.
+NAMES: tuple[tuple[str, str], ...] = (
+    ("Ann", "She"), ("Ben", "He"), ("Cara", "She"), ("Dan", "He"), ("Eve", "She"),
+    ("Finn", "He"), ("Gina", "She"), ("Hugo", "He"), ("Ivy", "She"), ("Jack", "He"),
+)
+#: (singular, plural) object nouns.
+OBJECTS: tuple[tuple[str, str], ...] = (
+    ("apple", "apples"), ("pear", "pears"), ("book", "books"), ("pen", "pens"),
+    ("coin", "coins"), ("card", "cards"), ("stamp", "stamps"), ("shell", "shells"),
+    ("marble", "marbles"), ("cookie", "cookies"),
+)
+#: Sentence templates per operator; ``{p}`` is the pronoun, ``{b}`` the operand.
+_STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "+": ("{p} buys {b} more.", "{p} finds {b} more.", "{p} gets {b} more."),
+    "-": ("{p} gives {b} away.", "{p} loses {b}.", "{p} sells {b}."),
+    "*": ("{p} now has {b} times as many.", "{p} then has {b} times as many."),
+}
+_OPENING = "{name} has {a} {obj}."
+_CLOSING = "How many {objs} does {name} have?"
+_LINE_RE = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class ArithConfig:
+    """Shape of the generated problems.
+
+    Attributes:
+        min_steps: Fewest operations per problem (>= 1).
+        max_steps: Most operations per problem (>= ``min_steps``).
+        max_value: Every operand and intermediate result lies in
+            ``[0, max_value]``; the starting amount is at least 1.
+        ops: Operators to use, a subset of ``("+", "-", "*")``.  Any
+            sequence is accepted and stored as a tuple.
+        max_factor: Bound on both operands of ``"*"`` (multiplier in
+            ``[2, max_factor]``, multiplicand in ``[1, max_factor]``).
+    """
+
+    min_steps: int = 1
+    max_steps: int = 2
+    max_value: int = 50
+    ops: tuple[str, ...] = ("+", "-")
+    max_factor: int = 9
+
+    def __post_init__(self) -> None:
+        _check_int("min_steps", self.min_steps, 1)
+        _check_int("max_steps", self.max_steps, 1)
+        if self.max_steps < self.min_steps:
+            raise ValueError(f"max_steps ({self.max_steps}) must be >= min_steps ({self.min_steps})")
+        _check_int("max_value", self.max_value, 2)
+        _check_int("max_factor", self.max_factor, 2)
+        if isinstance(self.ops, str) or not hasattr(self.ops, "__iter__"):
+            raise TypeError(f"ops must be a sequence of operator strings, got {self.ops!r}")
+        ops = tuple(self.ops)
+        if not ops:
+            raise ValueError("ops must not be empty")
+        unknown = [op for op in ops if op not in _STEP_TEMPLATES]
+        if unknown:
+            raise ValueError(f"ops contains unsupported operators {unknown!r}; allowed: {tuple(_STEP_TEMPLATES)}")
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"ops contains duplicates: {ops!r}")
+        object.__setattr__(self, "ops", ops)
+
+
+def split_of_key(key: str) -> str:
+    """Return the split (``"train"`` or ``"test"``) that owns a canonical key."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key must be a non-empty str, got {key!r}")
+    bucket = int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") % _BUCKETS
+    return "test" if bucket == 0 else "train"
+
+
+def _make_key(start: int, steps: list[tuple[str, int]]) -> str:
+    return str(start) + "".join(f"{op}{b}" for op, b in steps)
+
+
+def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
+    """Parse an arithmetic answer into ``(a, op, b, c)`` lines.
+
+    Raises:
+        ValueError: if a reasoning line is not ``"a op b = c"``, the final line
+            is not ``"#### n"``, or ``n`` differs from the last result.
+    """
+    if not isinstance(answer, str):
+        raise TypeError(f"answer must be a str, got {type(answer).__name__}")
+    *lines, final = answer.split("\n")
+    chain = []
+    for line in lines:
+        match = _LINE_RE.fullmatch(line)
+        if match is None:
+            raise ValueError(f"answer line is not 'a op b = c': {line!r}")
+        a, op, b, c = match.groups()
+        chain.append((int(a), op, int(b), int(c)))
+    if not chain or not re.fullmatch(r"#### \d+", final) or int(final[5:]) != chain[-1][3]:
+        raise ValueError(f"answer must end with '#### <last result>': {answer!r}")
+    return chain
+
+
+def problem_key(problem: Problem) -> str:
+    """Canonical key (numbers and operators only) of an arithmetic problem."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a Problem, got {type(problem).__name__}")
+    chain = parse_chain(problem.answer)
+    return _make_key(chain[0][0], [(op, b) for _, op, b, _ in chain])
+
+
+def _operand_range(op: str, current: int, lo: int, hi: int, config: ArithConfig) -> tuple[int, int]:
+    """Inclusive range of right operands keeping ``op``'s result in ``[lo, hi]``.
+
+    The range is empty (first > second) when no operand works.
+    """
+    if op == "+":
+        return max(1, lo - current), hi - current
+    if op == "-":
+        return max(1, current - hi), current - lo
+    if not 1 <= current <= config.max_factor:
+        return 1, 0
+    return max(2, -(-lo // current)), min(config.max_factor, hi // current)
+
+
+def _sample_arithmetic(rng: random.Random, config: ArithConfig) -> tuple[int, list[tuple[str, int]]] | None:
+    """Draw a start value and operation list, or ``None`` on a dead end.
+
+    Operators are drawn uniformly first; values are then drawn so that each
+    result is a valid input for the next operator (``"*"`` needs a current
+    value in ``[1, max_factor]``), which keeps ``"*"`` as frequent as the others.
+    """
+    ops = [rng.choice(config.ops) for _ in range(rng.randint(config.min_steps, config.max_steps))]
+    bounds = [(1, config.max_factor) if op == "*" else (0, config.max_value) for op in ops[1:]]
+    bounds.append((0, config.max_value))
+    first_hi = min(config.max_factor, config.max_value) if ops[0] == "*" else config.max_value
+    start = current = rng.randint(1, first_hi)
+    steps: list[tuple[str, int]] = []
+    for op, (lo, hi) in zip(ops, bounds):
+        b_lo, b_hi = _operand_range(op, current, lo, hi, config)
+        if b_lo > b_hi:
+            return None
+        b = rng.randint(b_lo, b_hi)
+        current = _APPLY[op](current, b)
+        steps.append((op, b))
+    return start, steps
+
+
+def _render(rng: random.Random, start: int, steps: list[tuple[str, int]]) -> tuple[str, str, int]:
+    """Turn arithmetic into (question, answer, final value) text."""
+    name, pronoun = rng.choice(NAMES)
+    singular, plural = rng.choice(OBJECTS)
+    sentences = [_OPENING.format(name=name, a=start, obj=singular if start == 1 else plural)]
+    lines = []
+    current = start
+    for op, b in steps:
+        sentences.append(rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b))
+        result = _APPLY[op](current, b)
+        lines.append(f"{current} {op} {b} = {result}")
+        current = result
+    sentences.append(_CLOSING.format(objs=plural, name=name))
+    return " ".join(sentences), "\n".join(lines) + f"\n#### {current}", current
+
+
+def _seeded_rng(split: str, seed: int) -> random.Random:
+    digest = hashlib.sha256(f"dlm.tasks.arith|{split}|{seed}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def iter_problems(
+    config: ArithConfig | None = None,
+    split: str = "train",
+    seed: int = 0,
+    unique: bool = False,
+) -> Iterator[Problem]:
+    """Yield an endless, deterministic stream of problems from one split.
+
+    Args:
+        config: Problem shape; defaults to ``ArithConfig()``.
+        split: ``"train"`` or ``"test"``.
+        seed: Stream seed; the same ``(config, split, seed)`` always yields the
+            same sequence, with ids ``f"{split}-{seed}-{i}"``.
+        unique: Skip problems whose canonical key was already yielded.  The
+            stream then ends with ``ValueError`` once the keys run out.
+
+    Raises:
+        ValueError: for an unknown split, or when no acceptable problem can be
+            drawn (config too restrictive / unique keys exhausted).
+    """
+    config = ArithConfig() if config is None else config
+    if not isinstance(config, ArithConfig):
+        raise TypeError(f"config must be an ArithConfig, got {type(config).__name__}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return _stream(config, split, seed, unique)
+
+
+def _stream(config: ArithConfig, split: str, seed: int, unique: bool) -> Iterator[Problem]:
+    rng = _seeded_rng(split, seed)
+    seen: set[str] = set()
+    index = 0
+    while True:
+        for _ in range(_MAX_ATTEMPTS):
+            drawn = _sample_arithmetic(rng, config)
+            if drawn is None:
+                continue
+            key = _make_key(*drawn)
+            if split_of_key(key) == split and not (unique and key in seen):
+                break
+        else:
+            detail = f"after {len(seen)} unique problems" if unique else "at all"
+            raise ValueError(f"could not draw a {split!r} problem {detail} for {config!r}")
+        if unique:
+            seen.add(key)
+        question, answer, target = _render(rng, *drawn)
+        yield Problem(id=f"{split}-{seed}-{index}", question=question, answer=answer, target=target, split=split)
+        index += 1
+
+
+def generate_problems(
+    config: ArithConfig | None = None,
+    n: int = 1000,
+    split: str = "train",
+    seed: int = 0,
+    unique: bool = False,
+) -> list[Problem]:
+    """Return the first ``n`` problems of :func:`iter_problems` (prefix-stable in ``n``).
+
+    Raises:
+        ValueError: for ``n < 0`` or an unknown split (see :func:`iter_problems`).
+    """
+    _check_int("n", n, 0)
+    return list(islice(iter_problems(config, split, seed, unique), n))
+
+
+def arith_vocabulary() -> list[str]:
+    """Every word and punctuation mark the generator can emit (digits excluded)."""
+    texts = [_OPENING, _CLOSING, *(t for group in _STEP_TEMPLATES.values() for t in group)]
+    texts += [w for pair in NAMES + OBJECTS for w in pair]
+    texts += list(_APPLY) + ["=", "####"]
+    pieces = re.findall(r"####|[A-Za-z]+|[^\sA-Za-z0-9{}]", " ".join(re.sub(r"\{\w+\}", " ", t) for t in texts))
+    return sorted(set(pieces))
