@@ -1,0 +1,180 @@
+"""Training objectives for masked diffusion language models (LLaDA / MDLM).
+
+An *objective* is any callable
+
+    objective(model, batch: dict[str, Tensor], generator: torch.Generator) -> (loss, metrics)
+
+returning a scalar loss (a mean over the batch rows, so that averaging equal shards reproduces the
+full-batch loss) and a dict of detached scalar metrics. Randomness comes only from ``generator``.
+
+Objectives may also define ``sample_noise(batch, generator) -> dict[str, Tensor]`` whose tensors
+all have the batch as leading dimension. :func:`dlm.train.train` then draws the noise once for the
+*global* batch and hands each data-parallel rank / micro-batch its rows inside the batch dict, so
+1-process and N-process runs see identical masks. ``__call__`` uses pre-drawn noise keys when the
+batch carries them, otherwise it draws them itself.
+
+Both LLaDA losses follow LLaDA (Nie et al. 2025) GUIDELINES.md: ``t ~ U(0, 1)`` per sequence,
+``p_mask = (1 - eps) * t + eps`` and every eligible token is replaced by ``[MASK]`` independently
+with probability ``p_mask``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import key_padding_mask, padding_positions
+
+NOISE_KEYS = ("noise_t", "noise_u")
+
+
+def _check_eps(eps: float) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+        raise ValueError(f"eps must be a float in (0, 1), got {eps!r}")
+    return float(eps)
+
+
+def _check_input_ids(batch: dict) -> Tensor:
+    if not isinstance(batch, dict):
+        raise TypeError(f"batch must be a dict of tensors, got {type(batch).__name__}")
+    ids = batch.get("input_ids")
+    if not isinstance(ids, Tensor):
+        raise ValueError("batch['input_ids'] must be a Tensor")
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"batch['input_ids'] must be a non-empty (B, L) tensor, got {tuple(ids.shape)}")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"batch['input_ids'] must be int32/int64, got {ids.dtype}")
+    return ids
+
+
+def _check_generator(generator: torch.Generator, ids: Tensor) -> None:
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != ids.device.type:
+        raise ValueError(f"generator is on {generator.device} but input_ids on {ids.device}")
+
+
+def _mask_token_id(model) -> int:
+    config = getattr(model, "config", None)
+    mask_id = getattr(config, "mask_token_id", None)
+    if not isinstance(mask_id, int):
+        raise TypeError("model.config.mask_token_id must be an int")
+    return mask_id
+
+
+def sample_masking_noise(batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+    """Uniform draws for the forward process: ``noise_t`` (B,) and ``noise_u`` (B, L) in [0, 1)."""
+    ids = _check_input_ids(batch)
+    _check_generator(generator, ids)
+    B, L = ids.shape
+    t = torch.rand(B, generator=generator, device=ids.device)  # (B,)
+    u = torch.rand(B, L, generator=generator, device=ids.device)  # (B, L)
+    return {"noise_t": t, "noise_u": u}
+
+
+def _noise(batch: dict, generator: torch.Generator, ids: Tensor) -> tuple[Tensor, Tensor]:
+    if all(k in batch for k in NOISE_KEYS):
+        t, u = batch["noise_t"], batch["noise_u"]
+        if t.shape != ids.shape[:1] or u.shape != ids.shape:
+            raise ValueError(f"noise_t/noise_u shapes {tuple(t.shape)}/{tuple(u.shape)} do not match "
+                             f"input_ids {tuple(ids.shape)}")
+        return t, u
+    noise = sample_masking_noise(batch, generator)
+    return noise["noise_t"], noise["noise_u"]
+
+
+def forward_process(ids: Tensor, t: Tensor, u: Tensor, eps: float, mask_token_id: int,
+                    eligible: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Mask each eligible token with probability ``p_mask = (1 - eps) * t + eps`` (LLaDA eq. 3).
+
+    ids, u: (B, L); t: (B,); eligible: (B, L) bool or None (all tokens).
+    Returns noisy ids (B, L), masked (B, L) bool, p_mask (B, 1).
+    """
+    p_mask = ((1.0 - eps) * t + eps)[:, None].to(torch.float32)  # (B, 1)
+    masked = u < p_mask  # (B, L)
+    if eligible is not None:
+        masked = masked & eligible
+    noisy = torch.where(masked, torch.full_like(ids, mask_token_id), ids)  # (B, L)
+    return noisy, masked, p_mask
+
+
+def _masked_ce(logits: Tensor, targets: Tensor, masked: Tensor) -> Tensor:
+    """Cross-entropy at masked positions only: logits (B, L, V) -> (N,) in float32."""
+    if logits.shape[:2] != targets.shape:
+        raise ValueError(f"model returned logits {tuple(logits.shape)} for input_ids {tuple(targets.shape)}")
+    return F.cross_entropy(logits[masked].float(), targets[masked], reduction="none")  # (N,)
+
+
+class LLaDAPretrainLoss:
+    """MDLM / LLaDA pre-training loss, LLaDA (Nie et al. 2025) eq. 3 as in GUIDELINES.md:
+
+        L = 1 / (B * L) * sum_{b, i} 1[x_t^{b,i} = M] * CE(x_0^{b,i}) / p_mask_b
+
+    batch: ``input_ids`` (B, L) and optional ``attention_mask`` (B, L) 0/1. Padding is never
+    masked, gets key-padding attention and padding-aware RoPE positions, and the denominator stays
+    ``B * L`` (so the loss is a per-row mean and equal DDP shards average exactly).
+    """
+
+    def __init__(self, eps: float = 1e-3) -> None:
+        self.eps = _check_eps(eps)
+
+    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+        return sample_masking_noise(batch, generator)
+
+    def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
+        ids = _check_input_ids(batch)
+        attention_mask = batch.get("attention_mask")
+        if attention_mask is not None and attention_mask.shape != ids.shape:
+            raise ValueError(f"batch['attention_mask'] shape {tuple(attention_mask.shape)} != "
+                             f"input_ids shape {tuple(ids.shape)}")
+        t, u = _noise(batch, generator, ids)
+        eligible = None if attention_mask is None else attention_mask.bool()
+        noisy, masked, p_mask = forward_process(ids, t, u, self.eps, _mask_token_id(model), eligible)
+        if attention_mask is None:
+            logits = model(noisy)  # (B, L, V)
+        else:
+            logits = model(noisy, positions=padding_positions(attention_mask),
+                           attn_mask=key_padding_mask(attention_mask))  # (B, L, V)
+        B, L = ids.shape
+        weight = (1.0 / p_mask).expand(B, L)[masked]  # (N,)
+        loss = (_masked_ce(logits, ids, masked) * weight).sum() / (B * L)
+        return loss, {"loss": loss.detach(), "masked_frac": masked.float().mean()}
+
+
+class LLaDASFTLoss:
+    """LLaDA SFT loss, LLaDA eq. 5 as in GUIDELINES.md: prompt tokens are never masked,
+
+        L = 1 / B * sum_b 1 / A_b * sum_{i >= P_b} 1[x_t^{b,i} = M] * CE(r_0^{b,i}) / p_mask_b
+
+    with ``P_b`` the prompt length and ``A_b = L - P_b`` the answer length (EOS padding included).
+    batch: ``input_ids`` (B, L) prompt + EOS-padded response, ``prompt_lengths`` (B,) in [0, L).
+    """
+
+    def __init__(self, eps: float = 1e-3) -> None:
+        self.eps = _check_eps(eps)
+
+    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+        return sample_masking_noise(batch, generator)
+
+    def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
+        ids = _check_input_ids(batch)
+        B, L = ids.shape
+        prompt_lengths = batch.get("prompt_lengths")
+        if not isinstance(prompt_lengths, Tensor) or prompt_lengths.shape != (B,):
+            raise ValueError(f"batch['prompt_lengths'] must be a ({B},) tensor")
+        if prompt_lengths.dtype.is_floating_point or prompt_lengths.dtype == torch.bool:
+            raise TypeError(f"batch['prompt_lengths'] must be integer, got {prompt_lengths.dtype}")
+        if bool(((prompt_lengths < 0) | (prompt_lengths >= L)).any()):
+            raise ValueError(f"batch['prompt_lengths'] must lie in [0, {L}) (non-empty response)")
+        t, u = _noise(batch, generator, ids)
+        cols = torch.arange(L, device=ids.device)[None, :]  # (1, L)
+        response = cols >= prompt_lengths.to(ids.device)[:, None]  # (B, L)
+        noisy, masked, p_mask = forward_process(ids, t, u, self.eps, _mask_token_id(model), response)
+        logits = model(noisy)  # (B, L, V)
+        answer_len = response.sum(dim=1, keepdim=True).to(torch.float32)  # (B, 1)
+        weight = (1.0 / (p_mask * answer_len)).expand(B, L)[masked]  # (N,)
+        loss = (_masked_ce(logits, ids, masked) * weight).sum() / B
+        return loss, {"loss": loss.detach(), "masked_frac": masked.float().sum() / response.sum()}

@@ -1,0 +1,432 @@
+"""One training loop for every objective: AdamW, warm-up + cosine, clipping, EMA, DDP, resume.
+
+``train(model, objective, batches, config)`` optimises ``objective(model, batch, generator)``
+(see :mod:`dlm.objectives`). Determinism and resumption rest on *per-step* randomness: the
+generators for data, noise and micro-batches at step ``s`` are seeded from ``(config.seed, s)``,
+so a resumed run needs only the step counter (plus model / optimizer / EMA state) to continue
+exactly where an uninterrupted run would be.
+
+Data: ``batches`` is either ``batch_fn(step, generator) -> dict`` (resumable for free) or an
+iterable of dicts (on resume the first ``step`` batches are skipped). Every rank must receive
+the same *global* batch of ``config.batch_size`` rows; each rank keeps its contiguous shard and
+splits it into micro-batches of ``micro_batch_size`` rows (gradient accumulation). When the
+objective defines ``sample_noise``, the noise is drawn once for the global batch before sharding,
+so N processes take exactly the optimizer step one process would.
+
+Files in ``out_dir``: ``model/`` (``save_fn`` output, EMA weights when enabled; swapped in via a
+temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``
+(lines past the resumed step are dropped; a log window straddling a resume averages only the
+steps after it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from . import distributed
+from .ema import EMA
+
+PRECISIONS = ("fp32", "bf16")
+STATE_FILE = "trainer_state.pt"
+MODEL_DIR = "model"
+METRICS_FILE = "metrics.jsonl"
+# fields that may change between a run and its resumption
+_RESUMABLE_CHANGES = ("eval_every", "save_every", "log_every", "out_dir", "compile", "micro_batch_size")
+
+BatchSource = Union[Callable[[int, torch.Generator], dict], Iterable[dict]]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out_dir: str
+    max_steps: int
+    batch_size: int  # global rows per optimizer step (all ranks, all micro-batches)
+    micro_batch_size: Optional[int] = None  # rows per forward on one rank; None = whole shard
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 0
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    ema_decay: float = 0.0  # 0 = off
+    eval_every: int = 0  # 0 = off
+    save_every: int = 0  # 0 = only at the end
+    log_every: int = 10
+    seed: int = 0
+    precision: str = "fp32"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
+            raise ValueError(f"TrainConfig.out_dir must be a non-empty path, got {self.out_dir!r}")
+        object.__setattr__(self, "out_dir", os.fspath(self.out_dir))  # Path -> str (picklable state)
+        for name in ("max_steps", "batch_size"):
+            _check_int(name, getattr(self, name), minimum=1)
+        if self.micro_batch_size is not None:
+            _check_int("micro_batch_size", self.micro_batch_size, minimum=1)
+            if self.batch_size % self.micro_batch_size:
+                raise ValueError(f"TrainConfig.batch_size={self.batch_size} not divisible by "
+                                 f"micro_batch_size={self.micro_batch_size}")
+        for name in ("warmup_steps", "eval_every", "save_every", "log_every", "seed"):
+            _check_int(name, getattr(self, name), minimum=0)
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"TrainConfig.warmup_steps={self.warmup_steps} > max_steps={self.max_steps}")
+        _check_float("lr", self.lr, low=0.0, low_open=True)
+        _check_float("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        _check_float("weight_decay", self.weight_decay, low=0.0)
+        _check_float("adam_eps", self.adam_eps, low=0.0, low_open=True)
+        _check_float("grad_clip", self.grad_clip, low=0.0)
+        _check_float("ema_decay", self.ema_decay, low=0.0, high=1.0, high_open=True)
+        if not isinstance(self.betas, tuple) or len(self.betas) != 2:
+            raise ValueError(f"TrainConfig.betas must be a tuple of two floats, got {self.betas!r}")
+        for b in self.betas:
+            _check_float("betas", b, low=0.0, high=1.0, high_open=True)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not isinstance(self.compile, bool):
+            raise TypeError(f"TrainConfig.compile must be a bool, got {self.compile!r}")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"TrainConfig.{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_float(name: str, value, low: float, high: float = math.inf,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"TrainConfig.{name}={value!r} outside {'(' if low_open else '['}{low}, "
+                         f"{high}{')' if high_open else ']'}")
+
+
+@dataclass
+class TrainResult:
+    step: int  # optimizer steps completed
+    train_metrics: dict = field(default_factory=dict)  # last logged training metrics
+    eval_metrics: dict = field(default_factory=dict)  # last eval_fn output
+    ema: Optional[EMA] = None  # the model itself keeps the raw (non-EMA) weights
+
+
+# --------------------------------------------------------------------------------------------
+# pure pieces: schedule, param groups, seeds
+# --------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Learning rate of optimizer update ``step`` (0-based): linear warm-up to ``lr`` over
+    ``warmup_steps`` updates, then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``
+    (SGDR, Loshchilov & Hutter 2017, eq. 5 without restarts)."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.max_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    min_lr = config.lr * config.min_lr_ratio
+    return min_lr + 0.5 * (config.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay matrices; no decay on norms, biases (ndim < 2) and embeddings."""
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embedding_ids else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(*parts: int) -> int:
+    """Deterministic 63-bit seed from integers (FNV-1a style mixing)."""
+    h = 0xCBF29CE484222325
+    for part in parts:
+        h = ((h ^ (part & _MASK64)) * 0x100000001B3) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def step_generator(seed: int, step: int, stream: int, device: torch.device) -> torch.Generator:
+    """Generator for one (step, stream): stream 0 = data, 1 = noise, 2 + k = micro-batch k."""
+    return torch.Generator(device=device).manual_seed(derive_seed(seed, step, stream))
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint files
+# --------------------------------------------------------------------------------------------
+
+
+def _default_save(model: nn.Module, tokenizer, out_dir: str) -> None:
+    from .checkpoints import save_model  # lazy: keeps the trainer importable on its own
+
+    save_model(model, tokenizer, out_dir)
+
+
+def _atomic_torch_save(obj, path: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _atomic_save_dir(save_fn: Callable, model: nn.Module, tokenizer, target: str) -> None:
+    """``save_fn`` into a temp dir beside ``target``, then swap it in by renames.
+
+    ``target`` is never partially written: it is either the previous complete export or the new
+    one (briefly absent between the two renames, never half-written)."""
+    parent = os.path.dirname(target)
+    tmp = tempfile.mkdtemp(prefix="tmp-", dir=parent)
+    try:
+        save_fn(model, tokenizer, tmp)
+        old = None
+        if os.path.exists(target):
+            old = tempfile.mkdtemp(prefix="old-", dir=parent)
+            os.rmdir(old)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _trim_metrics(path: str, step: int) -> None:
+    """Drop log lines past ``step`` (written after the checkpoint a run resumes from)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+
+
+def _check_resume(saved: dict, config: TrainConfig) -> None:
+    now = asdict(config)
+    diff = [k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]
+            and not (k == "betas" and tuple(saved.get(k, ())) == now[k])]
+    if diff:
+        raise ValueError(f"cannot resume {config.out_dir}: config fields changed: {diff}")
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------
+
+
+def _prepare_batch(batch, config: TrainConfig, device: torch.device) -> dict[str, Tensor]:
+    if not isinstance(batch, dict) or not batch:
+        raise TypeError(f"each batch must be a non-empty dict of tensors, got {type(batch).__name__}")
+    out = {}
+    for key, value in batch.items():
+        if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != config.batch_size:
+            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"batch[{key!r}] must be a tensor with {config.batch_size} rows "
+                             f"(TrainConfig.batch_size), got {shape}")
+        out[key] = value.to(device, non_blocking=True)
+    return out
+
+
+def _batch_stream(batches: BatchSource, start: int, seed: int):
+    if callable(batches):
+        step = start
+        while True:
+            yield batches(step, step_generator(seed, step, 0, torch.device("cpu")))
+            step += 1
+    if not isinstance(batches, Iterable):
+        raise TypeError("batches must be batch_fn(step, generator) or an iterable of dicts")
+    it = iter(batches)
+    for _ in range(start):  # fast-forward past the batches already trained on
+        next(it)
+    yield from it
+
+
+def train(
+    model: nn.Module,
+    objective: Callable,
+    batches: BatchSource,
+    config: TrainConfig,
+    tokenizer=None,
+    eval_fn: Optional[Callable[[nn.Module], dict]] = None,
+    save_fn: Optional[Callable] = None,
+) -> TrainResult:
+    """Train ``model`` in place for ``config.max_steps`` optimizer steps (resuming from
+    ``config.out_dir/trainer_state.pt`` if present) and return a :class:`TrainResult`.
+
+    save_fn(model, tokenizer, dir) exports the model (default ``dlm.checkpoints.save_model``);
+    eval_fn(model) -> dict runs on rank 0 under ``no_grad`` on the EMA weights when enabled.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(objective):
+        raise TypeError("objective must be callable(model, batch, generator)")
+    save_fn = _default_save if save_fn is None else save_fn
+
+    info = distributed.init()
+    per_rank, rem = divmod(config.batch_size, info.world_size)
+    micro = config.micro_batch_size or per_rank
+    if rem or per_rank % micro:
+        raise ValueError(f"TrainConfig.batch_size={config.batch_size} must split into world_size="
+                         f"{info.world_size} shards of micro_batch_size={micro} rows")
+    accum = per_rank // micro
+    device = distributed.device_for(info, model)
+    model.to(device)
+    model.train()
+
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
+                                  betas=config.betas, eps=config.adam_eps)
+    ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
+    out_dir = str(config.out_dir)
+    state_path = os.path.join(out_dir, STATE_FILE)
+    metrics_path = os.path.join(out_dir, METRICS_FILE)
+    if info.is_main:
+        os.makedirs(out_dir, exist_ok=True)
+    distributed.barrier(info)
+
+    step, tokens_seen = 0, 0
+    if os.path.exists(state_path):
+        state = torch.load(state_path, map_location=device, weights_only=True)
+        _check_resume(state["config"], config)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        step, tokens_seen = state["step"], state["tokens_seen"]
+        if info.is_main:
+            _trim_metrics(metrics_path, step)
+
+    fwd = distributed.wrap(model, info)
+    if config.compile:
+        fwd = torch.compile(fwd)
+    use_bf16 = config.precision == "bf16"
+    sample_noise = getattr(objective, "sample_noise", None)
+
+    def checkpoint() -> None:
+        if info.is_main:
+            if ema is None:
+                _atomic_save_dir(save_fn, model, tokenizer, os.path.join(out_dir, MODEL_DIR))
+            else:
+                with ema.applied_to(model):
+                    _atomic_save_dir(save_fn, model, tokenizer, os.path.join(out_dir, MODEL_DIR))
+            _atomic_torch_save({
+                "step": step, "tokens_seen": tokens_seen, "config": asdict(config),
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "ema": None if ema is None else ema.state_dict(),
+                "world_size": info.world_size,
+            }, state_path)
+        distributed.barrier(info)
+
+    def evaluate() -> dict:
+        metrics = {}
+        if info.is_main and eval_fn is not None:
+            model.eval()
+            with torch.no_grad():
+                if ema is None:
+                    metrics = dict(eval_fn(model))
+                else:
+                    with ema.applied_to(model):
+                        metrics = dict(eval_fn(model))
+            model.train()
+        distributed.barrier(info)
+        return metrics
+
+    def log(record: dict) -> None:
+        if info.is_main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    result = TrainResult(step=step, ema=ema)
+    stream = _batch_stream(batches, step, config.seed)
+    bar = tqdm(total=config.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
+    sums: dict[str, Tensor] = {}
+    n_summed, t_last, tokens_last = 0, time.perf_counter(), tokens_seen
+    while step < config.max_steps:
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        try:
+            batch = _prepare_batch(next(stream), config, device)
+        except StopIteration:
+            raise ValueError(f"batches ran out after {step} steps (max_steps={config.max_steps})") from None
+        if "input_ids" in batch:
+            tokens_seen += batch["input_ids"].numel()
+        if sample_noise is not None:
+            noise = sample_noise(batch, step_generator(config.seed, step, 1, device))
+            clash = set(noise) & set(batch)
+            if clash:
+                raise ValueError(f"objective noise keys {sorted(clash)} collide with batch keys")
+            batch.update(noise)
+        shard = distributed.shard_rows(batch, info)
+
+        for k in range(accum):
+            mb = {key: v[k * micro:(k + 1) * micro] for key, v in shard.items()}
+            g = step_generator(config.seed, step, 2 + info.rank * accum + k, device)
+            defer_sync = info.enabled and k < accum - 1
+            with fwd.no_sync() if defer_sync else nullcontext():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    loss, metrics = objective(fwd, mb, g)
+                (loss / accum).backward()
+            for name, value in {"loss": loss, **metrics}.items():
+                value = torch.as_tensor(value, dtype=torch.float32).detach().to(device)
+                sums[name] = sums.get(name, 0.0) + value / accum
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), config.grad_clip if config.grad_clip > 0 else math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(model)
+        step += 1
+        n_summed += 1
+        bar.update(1)
+
+        if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
+            names = sorted(sums)
+            values = distributed.all_reduce_mean(torch.stack([sums[n] for n in names]), info) / n_summed
+            now = time.perf_counter()
+            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm),
+                      "tokens_per_s": (tokens_seen - tokens_last) / max(now - t_last, 1e-9),
+                      **{n: float(v) for n, v in zip(names, values.tolist())}}
+            sums, n_summed, t_last, tokens_last = {}, 0, now, tokens_seen
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            log(record)
+            result.train_metrics = record
+        if config.eval_every and (step % config.eval_every == 0 or step == config.max_steps):
+            result.eval_metrics = evaluate()
+            if result.eval_metrics:
+                log({"step": step, **{f"eval/{k}": _to_float(v) for k, v in result.eval_metrics.items()}})
+        if step == config.max_steps or (config.save_every and step % config.save_every == 0):
+            checkpoint()
+    bar.close()
+    result.step = step
+    return result
+
+
+def _to_float(v):
+    return float(v) if isinstance(v, (int, float, Tensor)) else v

@@ -1,0 +1,176 @@
+import math
+
+import pytest
+import torch
+
+from dlm.model import ModelConfig, Transformer
+from dlm.objectives import LLaDAPretrainLoss, LLaDASFTLoss, sample_masking_noise
+
+V, MASK = 16, 15
+
+
+def tiny(seed=0):
+    cfg = ModelConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
+                      max_seq_len=32, mask_token_id=MASK)
+    m = Transformer(cfg)
+    m.reset_parameters(generator=torch.Generator().manual_seed(seed))
+    return m
+
+
+def ids(B=3, L=7, seed=1):
+    return torch.randint(0, MASK, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+def test_pretrain_matches_bruteforce():
+    model, x, eps = tiny(), ids(), 1e-3
+    loss, metrics = LLaDAPretrainLoss(eps)(model, {"input_ids": x}, torch.Generator().manual_seed(5))
+    noise = sample_masking_noise({"input_ids": x}, torch.Generator().manual_seed(5))
+    B, L = x.shape
+    total = 0.0
+    for b in range(B):
+        p = (1 - eps) * float(noise["noise_t"][b]) + eps
+        row = x[b].clone()
+        masked = [i for i in range(L) if float(noise["noise_u"][b, i]) < p]
+        for i in masked:
+            row[i] = MASK
+        logp = torch.log_softmax(model(row[None])[0], dim=-1).detach()
+        for i in masked:
+            total += -float(logp[i, x[b, i]]) / p
+    assert math.isclose(loss.item(), total / (B * L), rel_tol=1e-5)
+    assert float(metrics["loss"]) == loss.item()
+
+
+def test_pretrain_padding_never_masked_and_ignored():
+    model, x, eps = tiny(), ids(B=2, L=6), 1e-3
+    am = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    g = torch.Generator().manual_seed(2)
+    noise = sample_masking_noise({"input_ids": x}, g)
+    noise["noise_t"] = torch.tensor([0.9, 0.6])  # mask most tokens
+    loss, _ = LLaDAPretrainLoss(eps)(model, {"input_ids": x, "attention_mask": am, **noise}, g)
+    total = 0.0
+    for b in range(2):
+        p = (1 - eps) * float(noise["noise_t"][b]) + eps
+        real = [i for i in range(6) if am[b, i]]
+        row = x[b, real].clone()  # run the row without its padding
+        masked = [j for j, i in enumerate(real) if float(noise["noise_u"][b, i]) < p]
+        assert masked
+        row[masked] = MASK
+        logp = torch.log_softmax(model(row[None])[0], dim=-1).detach()
+        total += sum(-float(logp[j, x[b, real[j]]]) / p for j in masked)
+    assert math.isclose(loss.item(), total / 12, rel_tol=1e-5)
+
+
+def test_inverse_p_mask_weighting():
+    """Constant logits: CE = log V at the one masked token, weighted by 1 / eps."""
+
+    class Uniform(torch.nn.Module):
+        config = tiny().config
+
+        def forward(self, input_ids, **kw):
+            return torch.zeros(*input_ids.shape, V, requires_grad=True)
+
+    x = ids(B=2, L=4)
+    u = torch.ones(2, 4)
+    u[0, 1] = 0.0  # only (0, 1) can be masked
+    batch = {"input_ids": x, "noise_t": torch.zeros(2), "noise_u": u}
+    eps = 0.01
+    loss, _ = LLaDAPretrainLoss(eps)(Uniform(), batch, torch.Generator())
+    assert math.isclose(loss.item(), math.log(V) / eps / 8, rel_tol=1e-6)
+
+
+def test_sft_matches_bruteforce_and_keeps_prompt():
+    model, x, eps = tiny(), ids(B=3, L=8), 1e-3
+    prompt = torch.tensor([2, 5, 0])
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = model, model.config
+
+        def forward(self, input_ids, **kw):
+            seen.append(input_ids.clone())
+            return self.inner(input_ids, **kw)
+
+    batch = {"input_ids": x, "prompt_lengths": prompt}
+    g = torch.Generator().manual_seed(9)
+    noise = sample_masking_noise(batch, torch.Generator().manual_seed(9))
+    loss, _ = LLaDASFTLoss(eps)(Spy(), batch, g)
+    noisy = seen[0]
+    total = 0.0
+    for b in range(3):
+        P = int(prompt[b])
+        assert torch.equal(noisy[b, :P], x[b, :P])  # prompt never masked
+        p = (1 - eps) * float(noise["noise_t"][b]) + eps
+        masked = [i for i in range(P, 8) if float(noise["noise_u"][b, i]) < p]
+        expect = x[b].clone()
+        expect[masked] = MASK
+        assert torch.equal(noisy[b], expect)
+        logp = torch.log_softmax(model(expect[None])[0], dim=-1).detach()
+        total += sum(-float(logp[i, x[b, i]]) / p for i in masked) / (8 - P)
+    assert math.isclose(loss.item(), total / 3, rel_tol=1e-5)
+
+
+def test_sft_prompt_never_masked_at_t_one():
+    x = ids(B=4, L=6)
+    prompt = torch.tensor([1, 2, 3, 5])
+    seen = []
+    model = tiny()
+
+    def spy(input_ids, **kw):
+        seen.append(input_ids)
+        return model(input_ids)
+
+    spy.config = model.config
+    batch = {"input_ids": x, "prompt_lengths": prompt, "noise_t": torch.ones(4), "noise_u": torch.rand(4, 6)}
+    LLaDASFTLoss()(spy, batch, torch.Generator())
+    cols = torch.arange(6)[None]
+    assert torch.equal(seen[0] == MASK, cols >= prompt[:, None])  # p_mask = 1: all response masked
+
+
+def test_generator_only_randomness_and_shard_mean():
+    model, x = tiny(), ids(B=4, L=5)
+    state = torch.random.get_rng_state()
+    obj = LLaDAPretrainLoss()
+    a, _ = obj(model, {"input_ids": x}, torch.Generator().manual_seed(1))
+    b, _ = obj(model, {"input_ids": x}, torch.Generator().manual_seed(1))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert a.item() == b.item()
+    # equal shards with their slice of the global noise average to the full-batch loss
+    batch = {"input_ids": x, **obj.sample_noise({"input_ids": x}, torch.Generator().manual_seed(4))}
+    full, _ = obj(model, batch, torch.Generator())
+    halves = [obj(model, {k: v[s] for k, v in batch.items()}, torch.Generator())[0]
+              for s in (slice(0, 2), slice(2, 4))]
+    assert torch.allclose(full, (halves[0] + halves[1]) / 2, atol=1e-6)
+
+
+def test_bad_inputs():
+    model, g = tiny(), torch.Generator()
+    for eps in (0.0, 1.0, -1, "x", True):
+        with pytest.raises(ValueError, match="eps"):
+            LLaDAPretrainLoss(eps)
+    with pytest.raises(ValueError, match="input_ids"):
+        LLaDAPretrainLoss()(model, {}, g)
+    with pytest.raises(TypeError, match="input_ids"):
+        LLaDAPretrainLoss()(model, {"input_ids": torch.zeros(2, 3)}, g)
+    with pytest.raises(TypeError, match="generator"):
+        LLaDAPretrainLoss()(model, {"input_ids": ids()}, 0)
+    with pytest.raises(ValueError, match="attention_mask"):
+        LLaDAPretrainLoss()(model, {"input_ids": ids(), "attention_mask": torch.ones(3, 2)}, g)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        LLaDASFTLoss()(model, {"input_ids": ids(L=4), "prompt_lengths": torch.tensor([0, 4, 1])}, g)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        LLaDASFTLoss()(model, {"input_ids": ids()}, g)
+    with pytest.raises(ValueError, match="noise"):
+        LLaDAPretrainLoss()(model, {"input_ids": ids(), "noise_t": torch.rand(2),
+                                    "noise_u": torch.rand(3, 7)}, g)
+
+
+def test_gradient_flows_only_through_masked():
+    model, x = tiny(), ids(B=2, L=4)
+    u = torch.ones(2, 4)
+    batch = {"input_ids": x, "noise_t": torch.zeros(2), "noise_u": u}  # nothing masked
+    loss, _ = LLaDAPretrainLoss()(model, batch, torch.Generator())
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
