@@ -34,3 +34,14 @@ def find_shared_data(relpath: str) -> Path:
 def shared_data() -> Callable[[str], Path]:
     """Fixture returning :func:`find_shared_data` (call it with a relative path)."""
     return find_shared_data
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny float64 models run much faster on one thread than on an oversubscribed 2-core box."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

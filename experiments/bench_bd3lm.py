@@ -1,0 +1,164 @@
+"""BD3-LM costs measured in one run (Arriola et al., ICLR 2025).
+
+(a) training step (forward + backward) of the vectorized ``x_t ⊕ x_0`` NELBO (block size L')
+    vs MDLM (the same code with L' = L: one block, no clean half) on the same model and batch,
+    with SDPA; FlexAttention too where it has a backward (CUDA). On CPU FlexAttention runs
+    eagerly and has no backward, so its row is forward-only (and says so).
+(b) sampling: exact KV cache vs the uncached block-causal reference (rerun the whole prefix
+    at every step) at total lengths 512 and 1024, next to the FLOP-count ideal speed-up.
+
+    PYTHONPATH=. python experiments/bench_bd3lm.py            # small random model, ~1-2 min CPU
+    PYTHONPATH=. python experiments/bench_bd3lm.py --model runs/bd3/model --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+import torch
+
+from bd3lm import BD3Objective, sample
+from bd3lm.loss import bd3_nelbo
+from dlm.model import ModelConfig, Transformer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint dir (dlm.checkpoints); default: random model")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids OpenMP spin on shared CPUs)")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--train-len", type=int, default=256)
+    p.add_argument("--train-batch", type=int, default=4)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--steps-per-block", type=int, default=4)
+    p.add_argument("--sample-batch", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the results here")
+    return p.parse_args(argv)
+
+
+def build_model(args) -> Transformer:
+    dtype = getattr(torch, args.dtype)
+    if args.model:
+        from dlm.checkpoints import load_model
+
+        model, _ = load_model(args.model, dtype=dtype, device=args.device)
+        return model
+    d = args.d_model
+    cfg = ModelConfig(vocab_size=args.vocab, d_model=d, n_layers=args.layers, n_heads=max(d // 32, 1),
+                      n_kv_heads=max(d // 32, 1), mlp_hidden=int(d * 8 / 3) // 8 * 8,
+                      max_seq_len=max(args.lengths + [args.train_len]), mask_token_id=args.vocab - 1,
+                      eos_token_id=2, pad_token_id=0, bos_token_id=1)
+    model = Transformer(cfg)
+    model.reset_parameters(generator=torch.Generator().manual_seed(0))
+    return model.to(device=args.device, dtype=dtype)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, reps: int, device) -> float:
+    fn()  # warm-up
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_training(model, args) -> dict:
+    cfg = model.config
+    g = torch.Generator(device=args.device).manual_seed(0)
+    x = torch.randint(4, cfg.mask_token_id, (args.train_batch, args.train_len), generator=g, device=args.device)
+    batch = {"input_ids": x}
+    out = {}
+    flex_backward = torch.device(args.device).type == "cuda"
+    for backend in ("sdpa", "flex"):
+        res = {}
+        for name, bs in (("bd3", args.block_size), ("mdlm", args.train_len)):
+            obj = BD3Objective(bs, backend=backend)
+            noise = obj.sample_noise(batch, g)
+            if backend == "sdpa" or flex_backward:
+                def step():
+                    loss, _ = obj(model, {**batch, **noise}, None)
+                    loss.backward()
+                    model.zero_grad(set_to_none=True)
+            else:
+                def step():
+                    with torch.no_grad():
+                        bd3_nelbo(model, {**batch, **noise}, bs, backend=backend)
+            res[name] = timed(step, args.reps, args.device)
+        res["ratio_bd3_over_mdlm"] = res["bd3"] / res["mdlm"]
+        res["mode"] = "fwd+bwd" if backend == "sdpa" or flex_backward else "forward only (no flex backward on CPU)"
+        out[backend] = res
+    L, bs = args.train_len, args.block_size
+    out["columns_ratio"] = (2 * L - bs) / L  # pruned [x_t | x_0 minus last block] vs [x_t]
+    return out
+
+
+def bench_sampling(model, args) -> dict:
+    cfg = model.config
+    bs = args.block_size
+    out = {}
+    for length in args.lengths:
+        prompt = torch.randint(4, cfg.mask_token_id, (args.sample_batch, bs), device=args.device,
+                               generator=torch.Generator(device=args.device).manual_seed(1))
+        row = {}
+        for use_cache in (True, False):
+            sync(args.device)
+            t0 = time.perf_counter()
+            res = sample(model, prompt, block_size=bs, max_length=length, steps_per_block=args.steps_per_block,
+                         stop_at_eos=False, use_cache=use_cache)
+            sync(args.device)
+            key = "cached" if use_cache else "uncached"
+            row[key] = {"seconds": time.perf_counter() - t0, "nfe": res.stats.nfe,
+                        "positions": res.stats.positions_computed, "flops": res.stats.extra["flops"]}
+        row["speedup"] = row["uncached"]["seconds"] / row["cached"]["seconds"]
+        row["flop_ideal_speedup"] = row["uncached"]["flops"] / row["cached"]["flops"]
+        out[str(length)] = row
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+    model = build_model(args)
+    c = model.config
+    print(f"model: d={c.d_model} layers={c.n_layers} vocab={c.vocab_size} params={c.num_params():,} "
+          f"dtype={args.dtype} device={args.device} threads={args.threads}; block size {args.block_size}")
+    model.train()
+    train = bench_training(model, args)
+    model.eval()
+    print(f"(a) training step, batch {args.train_batch} x L={args.train_len}, L'={args.block_size} "
+          f"(columns {train['columns_ratio']:.2f}x MDLM)")
+    for backend in ("sdpa", "flex"):
+        r = train[backend]
+        print(f"    {backend:5s} [{r['mode']}]: bd3 {r['bd3'] * 1e3:8.1f} ms  mdlm {r['mdlm'] * 1e3:8.1f} ms  "
+              f"ratio {r['ratio_bd3_over_mdlm']:.2f}x")
+    samp = bench_sampling(model, args)
+    print(f"(b) sampling, {args.steps_per_block} steps per block of {args.block_size}, batch {args.sample_batch}")
+    for length, r in samp.items():
+        print(f"    length {length:>5s}: cached {r['cached']['seconds']:6.2f} s ({r['cached']['nfe']} nfe)  "
+              f"uncached {r['uncached']['seconds']:6.2f} s ({r['uncached']['nfe']} nfe)  "
+              f"speed-up {r['speedup']:.2f}x  (FLOP ideal {r['flop_ideal_speedup']:.2f}x)")
+    result = {"training": train, "sampling": samp, "args": vars(args)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()

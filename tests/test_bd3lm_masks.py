@@ -1,0 +1,120 @@
+"""BD3-LM ``x_t ⊕ x_0`` mask: brute force, pruning, FlexAttention, and block independence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bd3lm.loss import bd3_logits
+from bd3lm.masks import bd3_mask, check_layout, dense_bd3_mask, num_columns
+from tests.tiny import random_prompts, tiny_model
+
+
+def brute_force(R: int, bs: int, P: int = 0) -> torch.Tensor:
+    """The rules of BD3-LM Fig. 2 + our prompt rule, one (query, key) pair at a time."""
+    n = P + 2 * R
+
+    def kind(c):
+        if c < P:
+            return "prompt", -1
+        if c < P + R:
+            return "noisy", (c - P) // bs
+        return "clean", (c - P - R) // bs
+
+    out = torch.zeros(n, n, dtype=torch.bool)
+    for q in range(n):
+        qk, qb = kind(q)
+        for k in range(n):
+            kk, kb = kind(k)
+            if kk == "prompt":
+                ok = True  # the clean prompt is visible to everything
+            elif qk == "prompt":
+                ok = False  # the prompt sees only itself
+            elif qk == "noisy":
+                ok = (kk == "noisy" and kb == qb) or (kk == "clean" and kb < qb)
+            else:
+                ok = kk == "clean" and kb <= qb  # clean never sees noisy
+            out[q, k] = ok
+    return out
+
+
+@pytest.mark.parametrize("R,bs,P", [(8, 1, 0), (8, 2, 0), (8, 4, 0), (8, 8, 0), (12, 3, 0),
+                                    (8, 4, 3), (6, 2, 1), (4, 4, 2)])
+def test_mask_matches_brute_force(R, bs, P):
+    n = P + 2 * R
+    cols = torch.arange(n)
+    got = bd3_mask(cols[:, None], cols[None, :], R, bs, P)
+    assert torch.equal(got, brute_force(R, bs, P))
+    # the pruned layout drops the last clean block and nothing else changes
+    m = num_columns(R, bs, P)
+    assert m == n - bs
+    assert torch.equal(dense_bd3_mask(R, bs, P)[0, 0], got[:m, :m])
+    assert not got[:P + R, n - bs:].any(), "no x_t query may attend the last clean block"
+
+
+def test_padding_keeps_rows_non_empty():
+    keep = torch.tensor([[False] + [True] * 7])  # (1, N): N = 2 + 2 * 4 - 2
+    mask = dense_bd3_mask(4, 2, prompt_len=2, key_keep=keep)
+    assert mask.shape == (1, 1, 8, 8)
+    assert mask.any(-1).all(), "every query row attends something"
+    assert not mask[0, 0, 1:, 0].any(), "no other query attends a padding key"
+
+
+def test_bad_layout():
+    with pytest.raises(ValueError, match="block_size"):
+        check_layout(10, 4)
+    with pytest.raises(ValueError, match="block_size"):
+        check_layout(8, 0)
+    with pytest.raises(TypeError, match="resp_len"):
+        check_layout(8.0, 2)
+
+
+def test_flex_mask_equals_dense():
+    """FlexAttention on CPU runs eagerly under no_grad (no backward on CPU)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    R, bs, P = 8, 2, 3
+    n = num_columns(R, bs, P)
+    dense = dense_bd3_mask(R, bs, P)
+
+    def mod(b, h, q, kv):
+        return bd3_mask(q, kv, R, bs, P)
+
+    assert torch.equal(create_mask(mod, 1, 1, n, n, device="cpu"), dense)
+    model = tiny_model()
+    x0 = random_prompts(2, R, model.config, seed=1)
+    xt = torch.where(torch.rand(2, R, generator=torch.Generator().manual_seed(0)) < 0.5,
+                     model.config.mask_token_id, x0)
+    prompt = random_prompts(2, P, model.config, seed=2)
+    keep = torch.ones(2, R, dtype=torch.bool)
+    keep[1, -1] = False
+    with torch.no_grad():
+        a = bd3_logits(model, xt, x0, bs, prompt=prompt, keep=keep, backend="sdpa")
+        b = bd3_logits(model, xt, x0, bs, prompt=prompt, keep=keep, backend="flex")
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("P", [0, 3])
+def test_block_independence(P):
+    """x_t block b sees exactly x_t^b and x^{<b}: changing x_0 blocks >= b leaves its logits
+    unchanged, changing x_0 block b - 1 changes them."""
+    model = tiny_model()
+    cfg = model.config
+    R, bs, b = 12, 3, 2
+    x0 = random_prompts(1, R, cfg, seed=3)
+    xt = x0.clone()
+    xt[:, ::2] = cfg.mask_token_id
+    prompt = random_prompts(1, P, cfg, seed=4) if P else None
+    blk = slice(b * bs, (b + 1) * bs)
+
+    def logits(x0_):
+        with torch.no_grad():
+            return bd3_logits(model, xt, x0_, bs, prompt=prompt, backend="math")[:, blk]
+
+    base = logits(x0)
+    later = x0.clone()
+    later[:, b * bs:] = (later[:, b * bs:] + 1) % cfg.mask_token_id  # blocks b, b+1, ...
+    torch.testing.assert_close(logits(later), base, rtol=0, atol=1e-12)
+    earlier = x0.clone()
+    earlier[:, (b - 1) * bs] = (earlier[:, (b - 1) * bs] + 1) % cfg.mask_token_id
+    assert (logits(earlier) - base).abs().max() > 1e-6
