@@ -10,7 +10,6 @@ import torch
 from bd3lm import BD3LM, ClipSchedule
 from bd3lm.data import build_dataset, iterate_batches, load_tokenizer, wrap_chunks
 from tests.conftest import find_shared_data
-from tests.test_bd3lm_masks import _one_thread  # noqa: F401  (autouse: 1 CPU thread)
 from tests.tiny import random_prompts, tiny_model
 
 

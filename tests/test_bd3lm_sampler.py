@@ -7,7 +7,6 @@ import torch
 
 from bd3lm.sampler import sample, top_p_filter
 from dlm.model import Transformer
-from tests.test_bd3lm_masks import _one_thread  # noqa: F401  (autouse: 1 CPU thread)
 from tests.tiny import random_prompts, tiny_config, tiny_model
 
 
