@@ -183,8 +183,9 @@ def generate(
             if cfg_scale > 0:
                 cond, uncond_logits = logits.chunk(2)
                 logits = uncond_logits + (cfg_scale + 1) * (cond - uncond_logits)
-            if logits_eos_inf:
-                logits = suppress_logits(logits, stop_ids)
+            # never propose [MASK] (a trained model gives it ~0 mass; a proposed [MASK] would
+            # leave its column masked); optionally never propose EOS/EoT
+            logits = suppress_logits(logits, (mid,) + (stop_ids if logits_eos_inf else ()))
             x0, conf = propose(logits, temperature, remasking, generator)  # (B, L)
             if confidence_eos_eot_inf and stop_ids:
                 is_stop = torch.isin(x0, stop_t)

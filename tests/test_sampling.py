@@ -33,6 +33,7 @@ def reference_generate(model, prompt, gen_length, steps, block_length, remasking
                 logits = u + (cfg_scale + 1) * (c - u)
             else:
                 logits = model(x)
+            logits[..., mask_id] = -float("inf")  # [MASK] is never proposed
             x0 = logits.argmax(-1)
             p = torch.softmax(logits.double(), -1)
             conf = p.gather(-1, x0[..., None]).squeeze(-1)

@@ -1,0 +1,7 @@
+"""Fast-dLLM (Wu et al. 2025): block-wise prefix / dual KV caching and confidence-aware
+parallel decoding for masked diffusion LMs, on the shared :mod:`dlm` model and cache."""
+
+from fastdllm.generate import generate
+from fastdllm.policies import CACHE_MODES, Policy, Window, window, window_flops
+
+__all__ = ["CACHE_MODES", "Policy", "Window", "generate", "window", "window_flops"]
