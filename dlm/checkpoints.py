@@ -134,6 +134,11 @@ def load_tokenizer(path: PathLike, layout: str = "native"):
         from transformers import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(str(path))
+    if (path / "tokenizer.json").is_file() and tok_cfg.get("tokenizer_class") in (
+            "PreTrainedTokenizerFast", "TokenizersBackend"):
+        from transformers import PreTrainedTokenizerFast  # skips AutoConfig's look at config.json
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
 
 

@@ -108,7 +108,17 @@ def _masked_ce(logits: Tensor, targets: Tensor, masked: Tensor) -> Tensor:
     return F.cross_entropy(logits[masked].float(), targets[masked], reduction="none")  # (N,)
 
 
-class LLaDAPretrainLoss:
+class _MaskedDiffusionLoss:
+    """Shared by the LLaDA losses: ``eps`` floor on p_mask, noise drawn once per global batch."""
+
+    def __init__(self, eps: float = 1e-3) -> None:
+        self.eps = _check_eps(eps)
+
+    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+        return sample_masking_noise(batch, generator)
+
+
+class LLaDAPretrainLoss(_MaskedDiffusionLoss):
     """MDLM / LLaDA pre-training loss, LLaDA (Nie et al. 2025) eq. 3 as in GUIDELINES.md:
 
         L = 1 / (B * L) * sum_{b, i} 1[x_t^{b,i} = M] * CE(x_0^{b,i}) / p_mask_b
@@ -117,12 +127,6 @@ class LLaDAPretrainLoss:
     masked, gets key-padding attention and padding-aware RoPE positions, and the denominator stays
     ``B * L`` (so the loss is a per-row mean and equal DDP shards average exactly).
     """
-
-    def __init__(self, eps: float = 1e-3) -> None:
-        self.eps = _check_eps(eps)
-
-    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
-        return sample_masking_noise(batch, generator)
 
     def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
         ids = _check_input_ids(batch)
@@ -144,7 +148,7 @@ class LLaDAPretrainLoss:
         return loss, {"loss": loss.detach(), "masked_frac": masked.float().mean()}
 
 
-class LLaDASFTLoss:
+class LLaDASFTLoss(_MaskedDiffusionLoss):
     """LLaDA SFT loss, LLaDA eq. 5 as in GUIDELINES.md: prompt tokens are never masked,
 
         L = 1 / B * sum_b 1 / A_b * sum_{i >= P_b} 1[x_t^{b,i} = M] * CE(r_0^{b,i}) / p_mask_b
@@ -152,12 +156,6 @@ class LLaDASFTLoss:
     with ``P_b`` the prompt length and ``A_b = L - P_b`` the answer length (EOS padding included).
     batch: ``input_ids`` (B, L) prompt + EOS-padded response, ``prompt_lengths`` (B,) in [0, L).
     """
-
-    def __init__(self, eps: float = 1e-3) -> None:
-        self.eps = _check_eps(eps)
-
-    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
-        return sample_masking_noise(batch, generator)
 
     def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
         ids = _check_input_ids(batch)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -75,6 +75,30 @@ class _BlockForward:
         return logits
 
 
+@dataclass(frozen=True)
+class StepView:
+    """What ``generate(callback=...)`` sees after every denoising step (read-only use; the tensors
+    are the sampler's live buffers, clone what you keep).
+
+    block, step: block index and step within it; global_step: the value in ``commit_step``;
+    lo, hi: the block's columns; full: the step ran the full forward (cache refreshed);
+    x: (B, T) sequence after this step's commit; logits: (B, hi - lo, V) the step's raw block
+    logits; commit: (B, hi - lo) bool, columns committed by the step; cache: the KVCache the
+    step's forward read (None without a cache).
+    """
+
+    block: int
+    step: int
+    global_step: int
+    lo: int
+    hi: int
+    full: bool
+    x: Tensor
+    logits: Tensor
+    commit: Tensor
+    cache: Optional[KVCache]
+
+
 def _truncate_after_eos(answer: Tensor, eos: int) -> Tensor:
     """(B, G) answer with every column after each row's first EOS set to EOS."""
     seen = (answer == eos).long().cumsum(dim=-1) > 0  # (B, G) True from the first EOS on
@@ -99,6 +123,7 @@ def generate(
     mask_id: Optional[int] = None,
     generator: Optional[torch.Generator] = None,
     backend: str = "sdpa",
+    callback: Optional[Callable[[StepView], None]] = None,
 ) -> GenerateOutput:
     """Fast-dLLM generation for a (left-padded) prompt batch ``input_ids`` (B, P).
 
@@ -110,6 +135,7 @@ def generate(
     in its answer after a block, skip the remaining blocks; in the output everything after a
     row's first EOS is EOS (the run-to-the-end output truncated the same way).
 
+    callback(view): called after every step with a :class:`StepView` (observation only).
     Returns :class:`dlm.sampling.GenerateOutput`; ``stats.extra`` holds ``flops`` (FLOP count of
     all forwards, :func:`dlm.stats.forward_flops`), ``blocks_run``, ``cache`` and ``rule``.
     """
@@ -149,8 +175,8 @@ def generate(
                     raise RuntimeError("parallel decoding made no progress in a block")
             elif i == steps_per_block:
                 break
-            logits = forward(x, lo, hi, i)  # (B, L, V)
-            logits = suppress_logits(logits, (mid,))  # never propose [MASK], as the baseline
+            raw = forward(x, lo, hi, i)  # (B, L, V)
+            logits = suppress_logits(raw, (mid,))  # never propose [MASK], as the baseline
             x0, conf = propose(logits, temperature, remasking, generator)  # (B, L)
             k = None if policy.parallel else k_sched[:, i]
             commit = policy.select(conf, eligible, k)  # (B, L); clean rows commit nothing
@@ -160,6 +186,8 @@ def generate(
             if stop_t.numel():
                 hit = (commit & torch.isin(x0, stop_t)).any(-1)  # (B,)
                 first_eos = torch.where(hit & (first_eos < 0), step, first_eos)
+            if callback is not None:
+                callback(StepView(b, i, step, lo, hi, policy.full_step(i), x, raw, commit, kv))
             i += 1
             step += 1
         blocks_run += 1

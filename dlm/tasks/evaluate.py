@@ -1,0 +1,73 @@
+"""Batched accuracy of a sampler on GSM8K-format problems (left padding, shared extraction)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .gsm8k import Problem, extract_strict, is_correct
+from .sft_data import encode_prompt
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids and 0/1 attention mask, padded on the left."""
+    P = max(len(r) for r in rows)
+    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), P), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, P - len(r):] = 1
+    return ids, mask
+
+
+def decode_answer(tokenizer, generated: torch.Tensor, eos_id: Optional[int]) -> str:
+    """Text up to the first EOS (exclusive)."""
+    ids = generated.tolist()
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (centre - half, centre + half)
+
+
+@torch.no_grad()
+def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Callable,
+                      batch_size: int = 64, shots: Sequence[Problem] = (), mode: str = "strict",
+                      **sampler_kwargs) -> dict:
+    """Run ``sampler(model, ids, attention_mask=..., **kw)`` over ``problems``.
+
+    Returns {"accuracy", "ci", "n", "records"}; each record has id, prediction, extracted
+    answer, correct, tokens_until_eos, first_eos_step and the call's nfe/seconds.
+    """
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    records = []
+    for lo in range(0, len(problems), batch_size):
+        chunk = problems[lo:lo + batch_size]
+        ids, mask = left_pad([encode_prompt(tokenizer, p.question, shots) for p in chunk], pad_id)
+        out = sampler(model, ids.to(device), attention_mask=mask.to(device), **sampler_kwargs)
+        P = ids.shape[1]
+        for i, p in enumerate(chunk):
+            text = decode_answer(tokenizer, out.sequences[i, P:], model.config.eos_token_id)
+            records.append({
+                "id": p.id, "prediction": text, "extracted": extract_strict(text),
+                "target": p.target_str, "correct": bool(is_correct(text, p.target, mode=mode)),
+                "prompt_length": int(mask[i].sum()),
+                "tokens_until_eos": int(out.stats.tokens_until_eos[i]),
+                "first_eos_step": int(out.stats.first_eos_step[i]) if out.stats.first_eos_step is not None else -1,
+                "nfe": out.stats.nfe, "seconds": out.stats.seconds / len(chunk),
+            })
+    k = sum(r["correct"] for r in records)
+    return {"accuracy": k / max(len(records), 1), "ci": wilson_ci(k, len(records)), "n": len(records),
+            "records": records}

@@ -1,0 +1,131 @@
+"""Testbed bars for the embedded LLaDA-style model (issue: the embedded testbed).
+
+    python -m experiments.testbed --n 500                   # all configs below, resumable
+    python -m experiments.testbed --configs semiar32 pure --n 100 --fewshot 0
+
+Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, greedy):
+  semiar32        blocks of 32, steps = G        (1 token / step)
+  pure            block_length = G, steps = G    (pure diffusion, 1 token / step)
+  semiar32_s2/4/8 blocks of 32, steps = G/2, G/4, G/8 (2, 4, 8 tokens / step)
+  pure_s2/4/8     pure diffusion with G/2, G/4, G/8 steps
+
+Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl`` (resumable); the table
+``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI, mean step of the first EOS
+commit, tokens until EOS, git SHA, config) are rebuilt from those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from dlm.checkpoints import load_model
+from dlm.sampling import generate
+from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
+from dlm.tasks.evaluate import evaluate_problems, wilson_ci
+from experiments.common import JsonlLog, atomic_write_text, config_hash, git_sha
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
+CONFIGS = {
+    "semiar32": dict(block=32, div=1), "pure": dict(block=None, div=1),
+    "semiar32_s2": dict(block=32, div=2), "semiar32_s4": dict(block=32, div=4),
+    "semiar32_s8": dict(block=32, div=8), "pure_s2": dict(block=None, div=2),
+    "pure_s4": dict(block=None, div=4), "pure_s8": dict(block=None, div=8),
+}
+
+
+def arith_config_of(model_dir) -> ArithConfig:
+    """The task config an embedded model was trained on (stored in config.json["extra"])."""
+    extra = json.loads((Path(model_dir) / "config.json").read_text()).get("extra", {})
+    if "arith" in extra:
+        a = dict(extra["arith"])
+        a["ops"] = tuple(a["ops"])
+        return ArithConfig(**a)
+    args = extra.get("args", {})
+    return ArithConfig(max_steps=args.get("max_steps_per_problem", 2), max_value=args.get("max_value", 50))
+
+
+def sampler_kwargs(name: str, gen_length: int) -> dict:
+    c = CONFIGS[name]
+    return dict(gen_length=gen_length, block_length=c["block"] or gen_length, steps=gen_length // c["div"])
+
+
+def run(args) -> None:
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model, dtype=torch.float32)
+    arith = arith_config_of(args.model)
+    problems = generate_problems(arith, args.n, split="test", seed=args.seed)
+    out = Path(args.out)
+    for k in args.fewshot:
+        shots = fewshot_examples(arith, k, seed=args.seed + 1) if k else ()
+        for name in args.configs:
+            kw = sampler_kwargs(name, args.gen_length)
+            log = JsonlLog(out / f"{name}_k{k}.jsonl")
+            todo = [p for p in problems if p.id not in log.done]
+            h = config_hash({"model": str(args.model), **kw, "shots": k, "seed": args.seed})
+            t0 = time.time()
+            for lo in range(0, len(todo), args.batch_size):
+                chunk = todo[lo:lo + args.batch_size]
+                r = evaluate_problems(model, tok, chunk, generate, batch_size=args.batch_size, shots=shots, **kw)
+                log.append({**rec, "strategy": name, "shots": k, "config_hash": h, "seed": args.seed}
+                           for rec in r["records"])
+                acc = sum(x["correct"] for x in log.records) / len(log.records)
+                print(f"{name} k={k}: {len(log.records)}/{len(problems)} acc={acc:.3f} "
+                      f"({time.time() - t0:.0f}s)", flush=True)
+    report(args)
+
+
+def report(args) -> None:
+    out = Path(args.out)
+    rows = []
+    for k in args.fewshot:
+        for name in CONFIGS:
+            f = out / f"{name}_k{k}.jsonl"
+            if not f.exists():
+                continue
+            recs = [r for r in JsonlLog(f).records][: args.n]
+            n, c = len(recs), sum(r["correct"] for r in recs)
+            eos_steps = [r["first_eos_step"] for r in recs if r["first_eos_step"] >= 0]
+            lo, hi = wilson_ci(c, n)
+            rows.append({"config": name, "shots": k, "n": n, "accuracy": c / max(n, 1), "ci95": [lo, hi],
+                         "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
+                         "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
+                         "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
+                         **sampler_kwargs(name, args.gen_length)})
+    meta = {"git_sha": git_sha(), "model": str(args.model), "seed": args.seed, "gen_length": args.gen_length}
+    atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
+             f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking.", "",
+             "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | mean step of 1st EOS commit | tokens until EOS | prompt len |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['shots']} | {r['block_length']} | {r['steps']} | "
+                     f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
+                     f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['mean_first_eos_step']:.1f} | "
+                     f"{r['mean_tokens_until_eos']:.1f} | {r['mean_prompt_length']:.0f} |")
+    atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--fewshot", type=int, nargs="+", default=[0, 4], help="numbers of worked examples")
+    p.add_argument("--n", type=int, default=500, help="held-out problems")
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="results/testbed")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    report(args) if args.report_only else run(args)
+
+
+if __name__ == "__main__":
+    main()

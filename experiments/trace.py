@@ -1,0 +1,103 @@
+"""Denoising trace of one prompt: which step committed each answer position.
+
+    python -m experiments.trace [--model DIR] [--strategy baseline|fastdllm|bd3lm] [--cache dual]
+        [--threshold 0.9] [--gen-length 64 --block-length 16 --steps 64] [--out PNG]
+        [--replay [--delay 0.1]]
+
+Writes a positions x steps heatmap (``--out``, default ``results/trace_<strategy>.png``): cell
+(step s, position j) is coloured by the step that committed j once ``s >= commit_step[j]`` and
+left blank while j is still [MASK]; each token is annotated (decoded with the model's tokenizer,
+else its id) at the step that committed it; dashed lines mark block boundaries. ``--replay``
+prints the answer after every step with masks as ``_`` (no delay unless ``--delay``). The
+trajectory is rebuilt from ``GenerateOutput.commit_step`` (:mod:`dlm.trace`): no sampler ever
+remasks a committed token. Without ``--model``: the embedded checkpoint if present, else a tiny
+random model (seconds on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dlm.generate import add_strategy_args, encode, load, run_strategy, strategy_from_args
+from dlm.trace import replay_lines, step_states, token_labels
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def plot_trace(commit_step: np.ndarray, labels: list[str], block_length: int, prompt_len: int,
+               title: str, path: Path) -> None:
+    """Heatmap of a (G,) commit_step with one label per answer token."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    G = commit_step.size
+    S = int(commit_step.max()) + 1 if G else 1
+    steps = np.arange(S)[:, None]
+    grid = np.where((commit_step[None] >= 0) & (commit_step[None] <= steps),
+                    commit_step[None].astype(float), np.nan)  # (S, G)
+    fig, ax = plt.subplots(figsize=(min(4 + 0.28 * G, 40), min(2.5 + 0.2 * S, 30)))
+    im = ax.imshow(grid, aspect="auto", origin="upper", cmap="viridis", interpolation="nearest",
+                   extent=(prompt_len - 0.5, prompt_len + G - 0.5, S - 0.5, -0.5))
+    font = max(4, min(9, int(400 / max(G, 1))))
+    for j in np.nonzero(commit_step >= 0)[0]:
+        ax.text(prompt_len + j, commit_step[j], labels[j], ha="center", va="center", rotation=90,
+                fontsize=font, color="white" if commit_step[j] < 0.6 * S else "black")
+    for b in range(block_length, G, block_length):
+        ax.axvline(prompt_len + b - 0.5, color="red", ls="--", lw=0.8)
+    ax.set(xlabel="position (column)", ylabel="denoising step", title=title)
+    fig.colorbar(im, ax=ax, label="commit step", fraction=0.03)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint dir (default: embedded model or tiny random)")
+    p.add_argument("--prompt", default="Ann has 12 apples. She buys 7 more. How many apples does Ann have?")
+    add_strategy_args(p)
+    p.add_argument("--out", default=None, help="PNG path (default results/trace_<strategy>.png)")
+    p.add_argument("--replay", action="store_true", help="print the answer after every step")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    if args.delay < 0:
+        p.error(f"--delay must be >= 0, got {args.delay}")
+    if args.strategy != "fastdllm" and args.cache != "none":
+        p.error("--cache is a fastdllm option")
+    try:
+        strategy = strategy_from_args(args)
+    except ValueError as e:
+        p.error(str(e))
+
+    model, tok = load(args.model, args.dtype, args.device)
+    _, ids = encode(model, tok, args.prompt)
+    ids = ids.to(args.device)
+    out = run_strategy(model, ids, strategy, torch.Generator(args.device).manual_seed(args.seed))
+    P = ids.shape[1]
+    answer, cs = out.sequences[0, P:].cpu(), out.commit_step[0].cpu()
+    mid = model.config.mask_token_id
+    if args.replay:
+        for line in replay_lines(step_states(answer, cs, mid), mid, tok):
+            print(line, flush=True)
+            if args.delay:
+                time.sleep(args.delay)
+    path = Path(args.out) if args.out else REPO / "results" / f"trace_{strategy.label}.png"
+    title = (f"{strategy.label}: G={strategy.gen_length}, block {strategy.block_length}, "
+             f"{out.stats.steps} steps, {out.stats.nfe} forwards")
+    plot_trace(cs.numpy(), token_labels(answer.tolist(), tok), strategy.block_length, P, title, path)
+    print(f"[wrote {path}]")
+    return {"path": path, "output": out, "prompt_len": P}
+
+
+if __name__ == "__main__":
+    main()
