@@ -24,12 +24,24 @@ from torch import Tensor
 
 BACKENDS = ("sdpa", "math", "flex", "flash")
 
-try:  # FlexAttention ships with torch >= 2.5
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - old torch
-    BlockMask = None  # type: ignore[assignment,misc]
-    create_block_mask = None  # type: ignore[assignment]
-    flex_attention = None  # type: ignore[assignment]
+import importlib.util
+
+# FlexAttention (torch >= 2.5) is imported on first use: importing it pulls in torch._dynamo,
+# which costs every process ~1 s at start-up.
+_HAS_FLEX = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def _flex():
+    """(BlockMask, create_block_mask, flex_attention), or RuntimeError without FlexAttention."""
+    if not _HAS_FLEX:
+        raise RuntimeError("FlexAttention requires torch >= 2.5")
+    from torch.nn.attention import flex_attention as fa
+
+    return fa.BlockMask, fa.create_block_mask, fa.flex_attention
+
+
+def _is_block_mask(mask) -> bool:
+    return _HAS_FLEX and type(mask).__name__ == "BlockMask"
 
 try:  # optional extra [gpu]
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -42,7 +54,7 @@ MaskLike = Union[Tensor, "BlockMask", None]
 def available_backends(device: Union[str, torch.device] = "cpu") -> tuple[str, ...]:
     """Backends usable on ``device`` in this environment."""
     out = ["sdpa", "math"]
-    if flex_attention is not None:
+    if _HAS_FLEX:
         out.append("flex")
     if flash_attn_func is not None and torch.device(device).type == "cuda":
         out.append("flash")
@@ -121,8 +133,7 @@ def _math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> 
 
 def dense_to_block_mask(mask: Tensor, n_q: int, n_k: int) -> "BlockMask":
     """Wrap a dense bool mask (B|1, 1, Q|1, K) as a FlexAttention ``BlockMask``."""
-    if create_block_mask is None:
-        raise RuntimeError("FlexAttention requires torch >= 2.5")
+    _, create_block_mask, _ = _flex()
     dense = mask[:, 0].expand(mask.shape[0], n_q, n_k)  # (B, Q, K)
     batch = dense.shape[0]
 
@@ -136,8 +147,7 @@ def block_mask_from_mod(
     mask_mod: Callable, batch: Optional[int], n_q: int, n_k: int, device
 ) -> "BlockMask":
     """``BlockMask`` from a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``."""
-    if create_block_mask is None:
-        raise RuntimeError("FlexAttention requires torch >= 2.5")
+    _, create_block_mask, _ = _flex()
     return create_block_mask(mask_mod, batch, None, n_q, n_k, device=device)
 
 
@@ -149,7 +159,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: MaskLike = None, backend: str 
     """
     n_rep = q.shape[1] // k.shape[1]
     if backend == "sdpa":
-        if BlockMask is not None and isinstance(mask, BlockMask):
+        if _is_block_mask(mask):
             raise TypeError("backend='sdpa' needs a dense bool mask, got a BlockMask")
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     if backend == "math":
@@ -158,8 +168,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: MaskLike = None, backend: str 
             v = v.repeat_interleave(n_rep, dim=1)
         return _math_attention(q, k, v, mask)
     if backend == "flex":
-        if flex_attention is None:
-            raise RuntimeError("backend='flex' requires torch >= 2.5")
+        _, _, flex_attention = _flex()
         block_mask = mask
         if isinstance(mask, Tensor):
             block_mask = dense_to_block_mask(mask, q.shape[2], k.shape[2])

@@ -1,0 +1,335 @@
+"""lm-evaluation-harness models ``fastdllm`` and ``bd3lm`` (needs ``pip install -e ".[eval]"``).
+
+    python -m experiments.lm_eval_models --model fastdllm \\
+        --model_args pretrained=PATH,cache=dual,threshold=0.9,gen_length=256,block_length=32 \\
+        --tasks gsm8k_local --include_path experiments/lm_eval_tasks --batch_size 8
+    python -m experiments.lm_eval_models --model bd3lm --model_args pretrained=BD3_PATH,gen_length=64 ...
+
+This module registers both models and then runs lm-eval's own CLI (``lm_eval`` itself has no
+plugin discovery, so the classes must be imported first; every lm-eval flag works as usual).
+In Python: ``import experiments.lm_eval_models`` and ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
+
+generate_until: the prompts of a batch are left padded and decoded by the chosen strategy
+(:mod:`experiments.strategies`: ``strategy=NAME`` from the grid, or ``cache`` / ``threshold`` /
+``factor`` for a custom fastdllm call); the text is cut at the first EOS / EoT and then at the
+first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
+request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).
+Prompts longer than ``max_seq_len - gen_length`` keep their last tokens.
+
+loglikelihood: ``fastdllm`` (bidirectional LLaDA / Dream / native models) uses LLaDA's
+Monte-Carlo ELBO (Nie et al. 2025, eq. 6; their ``get_log_likelihood``): each of ``mc_num``
+rows masks ``l`` of the ``L`` continuation tokens, ``l`` stratified over ``{1..L}``, and adds
+``L / l`` times the cross-entropy of the masked tokens; the estimate is minus the mean over rows.
+``bd3lm`` uses the BD3-LM NELBO (eq. 8) of the continuation given the context laid out as one
+clean block (prompt alignment), averaged over ``mc_num`` rows; with block size 1 it is the exact
+AR log-likelihood (every token masked, ``t = 1``). ``is_greedy`` (``check_greedy=True``) decodes
+the continuation greedily one token per step and compares. Each request's noise comes from a
+generator seeded with ``seed``, so the choices of one question share random numbers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from torch import Tensor
+from tqdm import tqdm
+
+from dlm.sampling import eos_ids
+from dlm.tasks.evaluate import left_pad
+from experiments.common import apply_stop_strings, decode_until_stop
+from experiments.strategies import STRATEGIES, Settings, Strategy, build_call
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@torch.no_grad()
+def mc_loglikelihood(model, prefix: Tensor, target: Tensor, mc_num: int = 128, batch_size: int = 32,
+                     generator: Optional[torch.Generator] = None, mask_id: Optional[int] = None) -> float:
+    """LLaDA's Monte-Carlo ELBO of ``target`` (L,) after ``prefix`` (P,): LLaDA eq. 6.
+
+    ``mc_num / batch_size`` forwards of ``batch_size`` rows; row ``i`` masks ``x_i`` uniformly
+    chosen continuation tokens, ``x_i`` stratified over ``{1..L}`` (LLaDA's ``forward_process``),
+    and contributes ``sum_masked CE * L / x_i``. Returns minus the mean over rows (nats).
+    Randomness (on the CPU) comes only from ``generator``."""
+    mc_num, batch_size = _positive("mc_num", mc_num), _positive("mc_batch_size", batch_size)
+    if mc_num % batch_size:
+        raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={batch_size}")
+    if prefix.dim() != 1 or target.dim() != 1 or target.numel() == 0:
+        raise ValueError("prefix must be (P,) and target a non-empty (L,) tensor")
+    mask_id = model.config.mask_token_id if mask_id is None else mask_id
+    dev = next(model.parameters()).device
+    P, L, b = prefix.numel(), target.numel(), batch_size
+    seq = torch.cat([prefix, target]).to(dev)[None].expand(b, -1)  # (b, P + L)
+    total = 0.0
+    for _ in range(mc_num // b):
+        k = int(torch.randint(1, L + 1, (), generator=generator))
+        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
+        x = (x - 1) % L + 1  # (b,) masked tokens per row, in 1..L
+        is_mask = torch.arange(L)[None, :] < x[:, None]  # (b, L)
+        is_mask = torch.stack([row[torch.randperm(L, generator=generator)] for row in is_mask]).to(dev)
+        noisy = torch.where(is_mask, torch.full_like(seq[:, P:], mask_id), seq[:, P:])
+        logits = model(torch.cat([seq[:, :P], noisy], dim=1), logits_slice=slice(P, P + L))  # (b, L, V)
+        lg = logits[is_mask]  # (n_masked, V)
+        lg = lg.float() if lg.dtype in (torch.float16, torch.bfloat16) else lg
+        ce = F.cross_entropy(lg, seq[:, P:][is_mask], reduction="none")  # (n_masked,)
+        weight = (L / x.to(dev, lg.dtype))[:, None].expand(b, L)[is_mask]  # 1 / p_mask
+        total += float((ce * weight).sum()) / b
+    return -total / (mc_num // b)
+
+
+@torch.no_grad()
+def bd3_loglikelihood(model, block_size: int, prefix: Tensor, target: Tensor, mc_num: int = 128,
+                      batch_size: int = 32, generator: Optional[torch.Generator] = None) -> float:
+    """Minus the BD3-LM NELBO of ``target`` (L,) given ``prefix`` (P >= 1,) as a clean block,
+    averaged over ``mc_num`` rows; exact (one row, ``t = 1``) for ``block_size == 1``."""
+    from bd3lm.loss import bd3_nelbo
+
+    mc_num, batch_size = _positive("mc_num", mc_num), _positive("mc_batch_size", batch_size)
+    if mc_num % batch_size:
+        raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={batch_size}")
+    if prefix.numel() == 0 or target.numel() == 0:
+        raise ValueError("prefix and target must both be non-empty")
+    dev = next(model.parameters()).device
+    exact = block_size == 1
+    b, rounds = (1, 1) if exact else (batch_size, mc_num // batch_size)
+    ids = torch.cat([prefix, target]).to(dev)[None].repeat(b, 1)  # (b, P + L)
+    batch = {"input_ids": ids, "prompt_lengths": torch.full((b,), prefix.numel(), device=dev)}
+    total = 0.0
+    for _ in range(rounds):
+        out = bd3_nelbo(model, batch, block_size, generator=generator, fixed_t=1.0 if exact else None)
+        total += float(out.total) / b
+    return -total / rounds
+
+
+class DiffusionEvalLM(LM):
+    """Shared lm-eval plumbing. Subclasses set ``model``, ``tokenizer``, ``bd3`` before calling
+    ``__init__`` and implement ``score(prefix, target) -> float`` and ``greedy(prefix, target)``."""
+
+    def __init__(self, strategy: Strategy, settings: Settings, batch_size=1, mc_num: int = 128,
+                 mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        self.batch_size = _positive("batch_size", batch_size)
+        self.mc_num, self.mc_batch_size = _positive("mc_num", mc_num), _positive("mc_batch_size", mc_batch_size)
+        if self.mc_num % self.mc_batch_size:
+            raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={mc_batch_size}")
+        if not isinstance(check_greedy, bool):
+            raise ValueError(f"check_greedy must be true/false, got {check_greedy!r}")
+        self.strategy, self.settings, self.check_greedy, self.seed = strategy, settings, check_greedy, int(seed)
+        self.call = build_call(strategy, settings, self.bd3)  # validates before any compute
+        if settings.gen_length >= self.max_length:
+            raise ValueError(f"gen_length={settings.gen_length} leaves no room for a prompt in "
+                             f"max_seq_len={self.max_length}")
+        self._device = next(self.model.parameters()).device
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.max_seq_len
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
+
+    def chat_template(self, chat_template=False) -> str:
+        return (getattr(self.tokenizer, "chat_template", None) or "") if chat_template else ""
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _start_ids(self) -> list[int]:
+        tok = self.tokenizer
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if start is None:
+            raise ValueError("an empty context needs a tokenizer with a BOS or EOS token")
+        return [start]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context / continuation ids as lm-eval's HF model splits them (trailing context spaces
+        move to the continuation); an empty context becomes ``[BOS]``."""
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        enc = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+        whole, ctx = enc(context + continuation), enc(context)
+        cont = whole[len(ctx):]
+        if not cont:
+            raise ValueError(f"continuation {continuation!r} encodes to no tokens")
+        if len(cont) >= self.max_length:
+            raise ValueError(f"continuation of {len(cont)} tokens does not fit max_seq_len={self.max_length}")
+        ctx = ctx or self._start_ids()
+        return ctx[-(self.max_length - len(cont)):], cont
+
+    # ---------------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out: list[str] = []
+        G = self.settings.gen_length
+        keep = self.max_length - G
+        tok, stop = self.tokenizer, eos_ids(self.model)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="generate_until")
+        for lo in range(0, len(requests), self.batch_size):
+            chunk = requests[lo:lo + self.batch_size]
+            prompts = [(tok.encode(r.args[0], add_special_tokens=False) or self._start_ids())[-keep:]
+                       for r in chunk]
+            ids, mask = left_pad(prompts, pad)
+            gen = torch.Generator(device=self._device).manual_seed(self.seed + lo)
+            res = self.call(self.model, ids.to(self._device), mask.to(self._device), gen)
+            P = ids.shape[1]
+            for row, r in enumerate(chunk):
+                until = r.args[1].get("until", []) if isinstance(r.args[1], dict) else []
+                until = [until] if isinstance(until, str) else list(until)
+                text = apply_stop_strings(decode_until_stop(tok, res.sequences[row, P:].tolist(), stop), until)
+                out.append(text)
+                self.cache_hook.add_partial("generate_until", r.args, text)
+            bar.update(len(chunk))
+        bar.close()
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        out = []
+        for r in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood"):
+            ctx, cont = self._encode_pair(*r.args)
+            prefix, target = torch.tensor(ctx, dtype=torch.long), torch.tensor(cont, dtype=torch.long)
+            ll = self.score(prefix, target)
+            greedy = self.greedy(prefix, target) if self.check_greedy else False
+            out.append((ll, bool(greedy)))
+            self.cache_hook.add_partial("loglikelihood", r.args, (ll, bool(greedy)))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Sum over consecutive chunks of ``max_seq_len // 2`` tokens, each scored given up to the
+        preceding ``max_seq_len // 2`` tokens ([BOS] for the first)."""
+        out = []
+        half = self.max_length // 2
+        for r in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
+            ids = self.tokenizer.encode(r.args[0], add_special_tokens=False)
+            total = 0.0
+            for s in range(0, len(ids), half):
+                ctx = ids[max(0, s - half):s] or self._start_ids()
+                total += self.score(torch.tensor(ctx), torch.tensor(ids[s:s + half]))
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", r.args, total)
+        return out
+
+
+def _load(pretrained, dtype, device):
+    if not pretrained:
+        raise ValueError("pretrained=PATH (checkpoint directory or hub id) is required")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():  # lm-eval's CLI defaults to cuda:0
+        warnings.warn(f"device={device!r} requested but CUDA is not available; using the CPU")
+        dev = torch.device("cpu")
+    if dtype == "auto":
+        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    elif dtype in DTYPES:
+        dt = DTYPES[dtype]
+    else:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return dev, dt
+
+
+@register_model("fastdllm")
+class FastDLLMEvalLM(DiffusionEvalLM):
+    """Bidirectional model (``dlm.load_model``) decoded by a baseline / Fast-dLLM strategy."""
+
+    def __init__(self, pretrained: str = "", strategy: Optional[str] = None, cache: Optional[str] = None,
+                 threshold: Optional[float] = None, factor: Optional[float] = None, gen_length: int = 256,
+                 block_length: int = 32, steps: Optional[int] = None, temperature: float = 0.0,
+                 stop_at_eos: bool = False, mc_num: int = 128, mc_batch_size: int = 32,
+                 check_greedy: bool = True, batch_size=1, max_batch_size=None, device: Optional[str] = None,
+                 dtype: str = "auto", seed: int = 0) -> None:
+        if threshold is not None and factor is not None:
+            raise ValueError("give at most one of threshold and factor")
+        if strategy is not None:
+            if strategy not in STRATEGIES or STRATEGIES[strategy].kind == "bd3lm":
+                raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategies, "
+                                 f"got {strategy!r}")
+            if cache is not None or threshold is not None or factor is not None or stop_at_eos:
+                raise ValueError("strategy=NAME fixes cache / rule / stop_at_eos; do not also pass them")
+            strat = STRATEGIES[strategy]
+        else:
+            rule = "threshold" if threshold is not None else "factor" if factor is not None else None
+            strat = Strategy(f"fastdllm_{cache or 'nocache'}_{rule or 'topk'}", "fastdllm", cache=cache,
+                             parallel=rule, stop_at_eos=bool(stop_at_eos))
+        settings = Settings(int(gen_length), int(block_length), None if steps is None else int(steps),
+                            0.9 if threshold is None else threshold, 1.0 if factor is None else factor,
+                            temperature)
+        from dlm.checkpoints import load_model
+
+        dev, dt = _load(pretrained, dtype, device)
+        self.model, self.tokenizer = load_model(pretrained, dtype=dt, device=dev)
+        if self.tokenizer is None:
+            raise ValueError(f"pretrained={pretrained} has no tokenizer files")
+        self.bd3 = None
+        super().__init__(strat, settings, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+
+    def score(self, prefix: Tensor, target: Tensor) -> float:
+        g = torch.Generator().manual_seed(self.seed)  # mc_loglikelihood draws on the CPU
+        return mc_loglikelihood(self.model, prefix, target, self.mc_num, self.mc_batch_size, g)
+
+    def greedy(self, prefix: Tensor, target: Tensor) -> bool:
+        from dlm.sampling import generate
+
+        L = target.numel()
+        out = generate(self.model, prefix[None].to(self._device), gen_length=L, steps=L, block_length=L)
+        return bool(torch.equal(out.sequences[0, prefix.numel():].cpu(), target))
+
+
+@register_model("bd3lm")
+class BD3LMEvalLM(DiffusionEvalLM):
+    """Block-causal BD3-LM (``bd3lm.BD3LM.load``) decoded with its exact-cache sampler."""
+
+    def __init__(self, pretrained: str = "", gen_length: int = 256, steps: Optional[int] = None,
+                 temperature: float = 0.0, stop_at_eos: bool = True, mc_num: int = 128,
+                 mc_batch_size: int = 32, check_greedy: bool = True, batch_size=1, max_batch_size=None,
+                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0) -> None:
+        from bd3lm import BD3LM
+
+        dev, dt = _load(pretrained, dtype, device)
+        wrapper, self.tokenizer = BD3LM.load(pretrained, dtype=dt, device=dev)
+        if self.tokenizer is None:
+            raise ValueError(f"pretrained={pretrained} has no tokenizer files")
+        self.model, self.bd3 = wrapper.model.eval(), wrapper.bd3_config
+        strat = Strategy("bd3lm", "bd3lm", stop_at_eos=bool(stop_at_eos))
+        settings = Settings(int(gen_length), self.bd3.block_size, None if steps is None else int(steps),
+                            temperature=temperature)
+        super().__init__(strat, settings, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+
+    def score(self, prefix: Tensor, target: Tensor) -> float:
+        g = torch.Generator(device=self._device).manual_seed(self.seed)  # bd3_nelbo draws on the model's device
+        return bd3_loglikelihood(self.model, self.bd3.block_size, prefix, target, self.mc_num,
+                                 self.mc_batch_size, g)
+
+    def greedy(self, prefix: Tensor, target: Tensor) -> bool:
+        from bd3lm import sample
+
+        L, bs = target.numel(), self.bd3.block_size
+        G = -(-L // bs) * bs
+        out = sample(self.model, prefix[None].to(self._device), block_size=bs, gen_length=G,
+                     steps_per_block=bs, stop_at_eos=False, align="prompt")
+        return bool(torch.equal(out.sequences[0, prefix.numel():prefix.numel() + L].cpu(), target))
+
+
+def main() -> None:
+    """lm-eval's CLI with ``fastdllm`` and ``bd3lm`` registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Tables, Pareto plot and factorial ablation of a GSM8K harness run, from its JSONL files only.
+
+    python -m experiments.report --out results/gsm8k_arith [--baseline baseline_semiar]
+
+Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model) and writes
+
+- ``table.md`` / ``table.csv`` / ``table.json``: Fast-dLLM Table 1 layout, one row per strategy:
+  accuracy % with a seeded 95% bootstrap CI (1000 resamples), throughput (generated tokens up
+  to and including the first EOS / wall-clock seconds of generation), speed-up vs the baseline
+  row, NFE per sample, NFE per generated token, tokens committed per denoising step, positions
+  computed per generated token, n;
+- ``pareto.png``: accuracy vs throughput (log x) with CI error bars, Pareto front highlighted
+  and labelled;
+- ``ablation.md`` / ``ablation.csv``: main effects of cache x parallel decoding x stop_at_eos x
+  block size on log throughput (and on accuracy), from an additive least-squares fit over the
+  factor cells of the baseline / fastdllm rows (rows with identical levels averaged into one
+  cell; for a complete factorial, e.g. ``--strategies factorial``, these are the classical main
+  effects, the differences of marginal means). ``exp(effect)`` is the speed-up attributed to the factor level.
+
+Every file records the git SHA(s) and config hashes of the runs and the report's own git SHA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from experiments.common import atomic_write_text, git_sha, read_jsonl
+from experiments.strategies import STRATEGIES
+
+FACTORS = ("cache", "parallel", "stop_at_eos", "block_length")
+
+
+def bootstrap_ci(values: Sequence[float], n_resamples: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of ``values`` (deterministic for a given seed)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"values must be a non-empty 1-D sequence, got shape {x.shape}")
+    if not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)  # (n_resamples,)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def throughput(records: Sequence[dict]) -> float:
+    """Generated tokens up to and including the first EOS / wall-clock seconds of generation."""
+    seconds = sum(r["seconds"] for r in records)
+    return sum(r["tokens_until_eos"] for r in records) / seconds if seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class Row:
+    strategy: str
+    n: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    tokens_per_second: float
+    speedup: float
+    nfe: float
+    nfe_per_token: float
+    tokens_per_step: float
+    positions_per_token: float
+    seconds: float
+    factors: dict
+    config_hashes: str
+    git_shas: str
+
+
+def summarize(name: str, records: Sequence[dict], n_resamples: int = 1000, seed: int = 0) -> Row:
+    """One table row (speed-up left at nan; :func:`table_rows` fills it in)."""
+    if not records:
+        raise ValueError(f"strategy {name}: no records")
+    tokens = sum(r["tokens_until_eos"] for r in records)
+    lo, hi = bootstrap_ci([float(r["correct"]) for r in records], n_resamples, seed)
+    steps = sum(r["steps"] for r in records)
+    return Row(
+        strategy=name, n=len(records), accuracy=sum(r["correct"] for r in records) / len(records),
+        ci_low=lo, ci_high=hi, tokens_per_second=throughput(records), speedup=float("nan"),
+        nfe=sum(r["nfe"] for r in records) / len(records), nfe_per_token=sum(r["nfe"] for r in records) / tokens,
+        tokens_per_step=sum(r["tokens_committed"] for r in records) / max(steps, 1),
+        positions_per_token=sum(r["positions_computed"] for r in records) / tokens,
+        seconds=sum(r["seconds"] for r in records), factors=dict(records[0].get("factors") or {}),
+        config_hashes=" ".join(sorted({str(r.get("config_hash")) for r in records})),
+        git_shas=" ".join(sorted({str(r.get("git_sha")) for r in records})))
+
+
+def load_runs(out: Path) -> dict[str, list[dict]]:
+    """strategy -> records of ``<out>/<strategy>.jsonl`` (per-rank logs excluded), in table order."""
+    out = Path(out)
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is not a directory")
+    runs = {}
+    for path in out.glob("*.jsonl"):
+        if ".rank" in path.stem:
+            continue
+        records = read_jsonl(path)
+        if records:
+            runs[path.stem] = sorted(records, key=lambda r: (r.get("index", 0), str(r["id"])))
+    order = list(STRATEGIES)
+    return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+
+
+def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0) -> list[Row]:
+    rows = [summarize(name, recs, n_resamples, seed) for name, recs in runs.items()]
+    if not rows:
+        return rows
+    base = next((r for r in rows if r.strategy == baseline), rows[0])
+    return [Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second}) for r in rows]
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points (throughput, accuracy) that no other point dominates (>= in both,
+    > in one), sorted by throughput."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+# ------------------------------------------------------------------------------------- ablation
+@dataclass(frozen=True)
+class Effect:
+    factor: str
+    level: str
+    reference: str
+    log_speedup: float
+    speedup: float
+    accuracy_pp: float
+    cells: int  # factor cells at this level
+
+
+def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect], dict]:
+    """Main effects of each factor level vs the reference level (the baseline row's level) on
+    log throughput and on accuracy, from an additive least-squares fit over the non-bd3lm rows.
+    Factors with one level are left out; returns ([], info) when the design is not identifiable."""
+    usable = [r for r in rows if r.factors and r.factors.get("kind") != "bd3lm"
+              and r.tokens_per_second > 0 and math.isfinite(r.tokens_per_second)]
+    # rows with identical factor levels (e.g. baseline_semiar and abl_nocache_topk_noeos_semiar)
+    # form one cell: the mean of their log throughputs / accuracies, so the design stays balanced
+    groups: dict[tuple, list[Row]] = {}
+    for r in usable:
+        groups.setdefault(tuple(str(r.factors[f]) for f in FACTORS), []).append(r)
+    cells = list(groups)  # level tuples
+    info = {"cells": len(cells), "rows": len(usable), "r2": float("nan"), "factors": []}
+    if len(cells) < 2:
+        return [], info
+    base_row = next((r for r in usable if r.strategy == baseline), usable[0])
+    base = tuple(str(base_row.factors[f]) for f in FACTORS)
+    columns, labels = [np.ones(len(cells))], []
+    for k, f in enumerate(FACTORS):
+        levels = sorted({c[k] for c in cells}, key=lambda v: (v != base[k], v))
+        if len(levels) < 2:
+            continue
+        info["factors"].append(f)
+        for lv in levels[1:]:
+            columns.append(np.array([float(c[k] == lv) for c in cells]))
+            labels.append((f, lv, levels[0], sum(c[k] == lv for c in cells)))
+    X = np.stack(columns, axis=1)  # (cells, 1 + dummies)
+    if np.linalg.matrix_rank(X) < X.shape[1]:
+        info["note"] = "design not identifiable (confounded factors)"
+        return [], info
+    y = np.array([np.mean([math.log(r.tokens_per_second) for r in groups[c]]) for c in cells])
+    acc = np.array([np.mean([100 * r.accuracy for r in groups[c]]) for c in cells])
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    gamma, *_ = np.linalg.lstsq(X, acc, rcond=None)
+    resid = y - X @ beta
+    ss = float(((y - y.mean()) ** 2).sum())
+    info["r2"] = 1 - float((resid ** 2).sum()) / ss if ss > 0 else 1.0
+    effects = [Effect(f, lv, ref, float(b), float(math.exp(b)), float(g), n)
+               for (f, lv, ref, n), b, g in zip(labels, beta[1:], gamma[1:])]
+    return effects, info
+
+
+# -------------------------------------------------------------------------------------- writers
+def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed: int) -> dict:
+    cfg_file = Path(out) / "config.json"
+    run_cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    return {"report_git_sha": git_sha(), "run_git_shas": sorted({s for r in rows for s in r.git_shas.split()}),
+            "baseline": baseline, "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
+            "config_hashes": {r.strategy: r.config_hashes for r in rows},
+            "run_config": run_cfg.get("strategies", {})}
+
+
+def _fmt(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
+def render_table(rows: Sequence[Row], meta: dict) -> str:
+    lines = ["# GSM8K: accuracy and throughput per strategy (Fast-dLLM Table 1 layout)", "",
+             f"git {' '.join(meta['run_git_shas'])} (report {meta['report_git_sha']}); speed-up vs "
+             f"`{meta['baseline']}`; 95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
+             f"{meta['bootstrap']['seed']}); throughput = tokens up to and including the first EOS / "
+             "wall-clock seconds of generation.", "",
+             "| strategy | accuracy % [95% CI] | tokens/s | speed-up | NFE | NFE/token | tokens/step | "
+             "positions/token | n | config |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.strategy} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | "
+                     f"{_fmt(r.tokens_per_second, '.1f')} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
+                     f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
+                     f"{r.config_hashes} |")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "tokens_per_second", "speedup", "nfe",
+              "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds", "config_hashes", "git_shas")
+
+
+def render_csv(rows: Sequence[Row]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        d = asdict(r)
+        w.writerow({k: d[k] for k in CSV_FIELDS})
+    return buf.getvalue()
+
+
+def render_ablation(effects: Sequence[Effect], info: dict, meta: dict) -> tuple[str, str]:
+    lines = ["# Factorial ablation: where the speed-up comes from", "",
+             f"git {' '.join(meta['run_git_shas'])}; additive least-squares fit of log(tokens/s) and of "
+             f"accuracy over {info['cells']} factor cells ({info.get('rows', 0)} baseline/fastdllm rows; "
+             f"factors: {', '.join(info['factors']) or '-'}; "
+             f"R^2 of log throughput {_fmt(info['r2'], '.3f')}). Main effect = coefficient of the level vs "
+             "the reference level (the baseline row's); x speed-up = exp(log speed-up).", ""]
+    if not effects:
+        lines.append(f"No identifiable factorial design in these rows. {info.get('note', '')}".rstrip())
+    else:
+        lines += ["| factor | level | vs | log speed-up | x speed-up | accuracy change (pp) | cells at level |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {e.factor} | {e.level} | {e.reference} | {e.log_speedup:+.3f} | {e.speedup:.2f}x | "
+                  f"{e.accuracy_pp:+.1f} | {e.cells} |" for e in effects]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["factor", "level", "reference", "log_speedup", "speedup", "accuracy_pp", "cells"])
+    for e in effects:
+        w.writerow([e.factor, e.level, e.reference, e.log_speedup, e.speedup, e.accuracy_pp, e.cells])
+    return "\n".join(lines) + "\n", buf.getvalue()
+
+
+def plot_pareto(rows: Sequence[Row], path: Path, meta: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r.tokens_per_second, 100 * r.accuracy) for r in rows]
+    front = set(pareto_front(pts))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for i, r in enumerate(rows):
+        x, y = pts[i]
+        yerr = [[y - 100 * r.ci_low], [100 * r.ci_high - y]]
+        on = i in front
+        ax.errorbar([x], [y], yerr=yerr, fmt="o", ms=7 if on else 5, capsize=3,
+                    color="tab:red" if on else "tab:gray", alpha=1.0 if on else 0.6)
+        ax.annotate(r.strategy, (x, y), textcoords="offset points", xytext=(5, 4 if on else 4 - 10 * (i % 3)),
+                    fontsize=8 if on else 6, fontweight="bold" if on else "normal",
+                    color="black" if on else "dimgray")
+    order = sorted(front, key=lambda i: pts[i][0])
+    ax.plot([pts[i][0] for i in order], [pts[i][1] for i in order], "-", color="tab:red", lw=1.5,
+            label="Pareto front")
+    ys = [y for _, y in pts]
+    ax.set_ylim(max(0.0, min(ys) - 10), min(100.0, max(ys) + 10))
+    ax.set_xscale("log")
+    ax.set_xlabel("throughput (tokens until EOS / s, log scale)")
+    ax.set_ylabel("accuracy % (95% bootstrap CI)")
+    ax.set_title("GSM8K: accuracy vs throughput")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.text(0.01, 0.005, f"git {' '.join(meta['run_git_shas'])}", fontsize=6, color="gray")
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    described = json.dumps({k: meta[k] for k in ("run_git_shas", "config_hashes")})
+    fig.savefig(tmp, dpi=130, metadata={"Description": described})
+    plt.close(fig)
+    tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class Report:
+    rows: list
+    effects: list
+    table_md: str
+    table_csv: str
+    ablation_md: str
+
+
+def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int = 1000, seed: int = 0,
+                 plot: bool = True) -> Report:
+    """Rebuild every report file of ``out`` from its JSONL files."""
+    out = Path(out)
+    rows = table_rows(load_runs(out), baseline, n_resamples, seed)
+    if not rows:
+        raise ValueError(f"--out {out}: no <strategy>.jsonl results to report")
+    meta = _meta(out, rows, baseline, n_resamples, seed)
+    effects, info = factorial_effects(rows, baseline)
+    md, csv_text = render_table(rows, meta), render_csv(rows)
+    abl_md, abl_csv = render_ablation(effects, info, meta)
+    atomic_write_text(out / "table.md", md)
+    atomic_write_text(out / "table.csv", csv_text)
+    atomic_write_text(out / "table.json", json.dumps({"meta": meta, "rows": [asdict(r) for r in rows],
+                                                      "ablation": [asdict(e) for e in effects],
+                                                      "ablation_fit": info}, indent=2) + "\n")
+    atomic_write_text(out / "ablation.md", abl_md)
+    atomic_write_text(out / "ablation.csv", abl_csv)
+    if plot:
+        plot_pareto(rows, out / "pareto.png", meta)
+    return Report(rows, effects, md, csv_text, abl_md)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="results directory of python -m experiments.gsm8k")
+    p.add_argument("--baseline", default="baseline_semiar",
+                   help="row the speed-up is relative to (default baseline_semiar; the first row if absent)")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--no-plot", action="store_true", help="skip pareto.png")
+    a = p.parse_args(argv)
+    print(build_report(Path(a.out), a.baseline, a.resamples, a.seed, plot=not a.no_plot).table_md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""lm-eval models ``fastdllm`` / ``bd3lm`` (experiments.lm_eval_models) on tiny random checkpoints.
+
+Skipped when lm-eval is not installed (``pip install -e ".[eval]"``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from dlm import save_model  # noqa: E402
+from dlm.model import ModelConfig, Transformer  # noqa: E402
+from dlm.sampling import GenerateOutput, generate  # noqa: E402
+from experiments import lm_eval_models as lem  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+def _tiny(tok, seed=0) -> Transformer:
+    cfg = ModelConfig(vocab_size=len(tok), d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
+                      max_seq_len=96, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    model = Transformer(cfg)
+    model.reset_parameters(std=0.3, generator=torch.Generator().manual_seed(seed))
+    return model.double()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict:
+    from bd3lm import BD3Config, save_bd3
+    from dlm.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    root = tmp_path_factory.mktemp("lm_eval_ckpt")
+    model = _tiny(tok)
+    return {"llada": save_model(model, tok, root / "llada"),
+            "bd3_1": save_bd3(model, tok, root / "bd3_1", BD3Config(block_size=1, align="prompt")),
+            "bd3_2": save_bd3(model, tok, root / "bd3_2", BD3Config(block_size=2, align="prompt"))}
+
+
+def request(kind: str, *args) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=tuple(args), idx=0)
+
+
+def test_generate_until_cuts_at_eos_then_stop_strings(ckpts):
+    lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), cache="dual", threshold=0.9, gen_length=16,
+                            block_length=8, batch_size=2, dtype="float64")
+    assert lm.strategy.cache == "dual" and lm.call.kwargs["threshold"] == 0.9
+    real = lm.generate_until([request("generate_until", "Question: Ann has 3 pens.\nAnswer:", {"until": []})])
+    assert isinstance(real[0], str)
+    tok = lm.tokenizer
+    answers = [" 3 + 4 = 7\n#### 7\n\nQuestion: Ben has", " 5 - 2 = 3"]
+    eos = tok.eos_token_id
+
+    def stub(model, ids, mask, generator):
+        enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+        rows = [enc(answers[0]), enc(answers[1]) + [eos] + enc(" 9 Question:")]
+        G = max(len(r) for r in rows)
+        gen = torch.tensor([r + [eos] * (G - len(r)) for r in rows])
+        return GenerateOutput(torch.cat([ids.cpu(), gen], dim=1), None, None)
+
+    lm.call = stub
+    out = lm.generate_until([request("generate_until", "Question: a\nAnswer:", {"until": ["Question:", "</s>"]}),
+                             request("generate_until", "Question: b\nAnswer:", {"until": "Question:"})])
+    assert out == [" 3 + 4 = 7\n#### 7\n\n", " 5 - 2 = 3"]
+
+
+@torch.no_grad()
+def _llada_reference(model, prefix, target, mc_num, b, seed) -> float:
+    """LLaDA get_log_likelihood.py written out literally (forward_process + weighted CE)."""
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.cat([prefix, target])[None].repeat(b, 1)
+    P, L = len(prefix), len(target)
+    losses = []
+    for _ in range(mc_num // b):
+        k = torch.randint(1, L + 1, (), generator=g)
+        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
+        x = ((x - 1) % L) + 1
+        is_mask = torch.arange(L).repeat(b, 1) < x.unsqueeze(1)
+        for i in range(b):
+            is_mask[i] = is_mask[i][torch.randperm(L, generator=g)]
+        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1)
+        noisy = torch.where(is_mask, model.config.mask_token_id, seq)
+        p_mask = (x / L).unsqueeze(1).repeat(1, P + L)
+        logits = model(noisy)
+        loss = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none") / p_mask[is_mask]
+        losses.append(float(loss.sum() / b))
+    return -sum(losses) / len(losses)
+
+
+def test_fastdllm_loglikelihood_is_llada_mc_elbo(ckpts):
+    lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), gen_length=16, block_length=8, mc_num=8,
+                            mc_batch_size=4, dtype="float64", seed=3)
+    ctx, cont = "Question: Ann has 3 pens.\nAnswer:", " 3 + 4 = 7"
+    (ll, greedy), = lm.loglikelihood([request("loglikelihood", ctx, cont)])
+    c, t = lm._encode_pair(ctx, cont)
+    assert t == lm.tokenizer.encode(cont, add_special_tokens=False)
+    ref = _llada_reference(lm.model, torch.tensor(c), torch.tensor(t), 8, 4, seed=3)
+    assert ll == pytest.approx(ref, rel=1e-9) and ll < 0 and isinstance(greedy, bool)
+    # one continuation token: the ELBO is exact, log p(token | prefix, [MASK])
+    one = lm.tokenizer.encode(" Ann", add_special_tokens=False)
+    assert len(one) == 1
+    (ll1, _), = lm.loglikelihood([request("loglikelihood", ctx, " Ann")])
+    x = torch.tensor([c + [lm.model.config.mask_token_id]])
+    with torch.no_grad():
+        exact = torch.log_softmax(lm.model(x)[0, -1], -1)[one[0]]
+    assert ll1 == pytest.approx(float(exact), rel=1e-9)
+    # is_greedy: true exactly for the greedy low-confidence decode
+    prefix = torch.tensor(c)
+    best = generate(lm.model, prefix[None], gen_length=3, steps=3, block_length=3).sequences[0, len(c):]
+    assert lm.greedy(prefix, best) and not lm.greedy(prefix, (best + 1) % 100 + 5)
+    with pytest.raises(ValueError, match="mc_num"):
+        lem.mc_loglikelihood(lm.model, prefix, best, mc_num=6, batch_size=4)
+
+
+def test_bd3lm_loglikelihood_exact_for_block_size_one(ckpts):
+    from dlm.attention import block_causal_mask, block_ids
+
+    lm = lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_1"]), gen_length=8, dtype="float64", check_greedy=False)
+    ctx, cont = "Question: Ann has 3 pens.\nAnswer:", " 3 + 4"
+    (ll, _), = lm.loglikelihood([request("loglikelihood", ctx, cont)])
+    c, t = lm._encode_pair(ctx, cont)
+    mid, total = lm.model.config.mask_token_id, 0.0
+    with torch.no_grad():  # prompt = one clean block, then each token predicted from the clean past
+        for j in range(len(t)):
+            x = torch.tensor([c + t[:j] + [mid]])
+            ids = block_ids(x.shape[1], 1, len(c))
+            logits = lm.model(x, attn_mask=block_causal_mask(ids, ids))[0, -1]
+            logits[mid] = float("-inf")  # SUBS: the mask token is never predicted
+            total += float(torch.log_softmax(logits, -1)[t[j]])
+    assert ll == pytest.approx(total, rel=1e-9)
+    # block size 2: the average of bd3_nelbo draws with the same generator
+    from bd3lm.loss import bd3_nelbo
+
+    lm2 = lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_2"]), gen_length=8, dtype="float64", mc_num=4,
+                          mc_batch_size=2, check_greedy=False)
+    (ll2, _), = lm2.loglikelihood([request("loglikelihood", ctx, cont)])
+    g = torch.Generator().manual_seed(0)
+    seq = torch.tensor([c + t] * 2)
+    batch = {"input_ids": seq, "prompt_lengths": torch.tensor([len(c)] * 2)}
+    with torch.no_grad():
+        ref = [float(bd3_nelbo(lm2.model, batch, 2, generator=g).total) / 2 for _ in range(2)]
+    assert ll2 == pytest.approx(-sum(ref) / 2, rel=1e-9)
+    texts = lm2.generate_until([request("generate_until", ctx, {"until": ["Question:"]})])
+    assert len(texts) == 1 and "Question:" not in texts[0]
+
+
+def _gsm8k_files(tmp: Path) -> tuple[Path, Path]:
+    """3 GSM8K test problems (+ 3 train for the shots): the shared data when present, else
+    GSM8K-format arithmetic problems."""
+    lines = {}
+    for split in ("test", "train"):
+        src = SHARED_GSM8K / f"{split}.jsonl"
+        if src.is_file():
+            lines[split] = src.read_text().splitlines()[:3]
+        else:
+            from dlm.tasks import generate_problems
+
+            lines[split] = [json.dumps({"question": p.question, "answer": p.answer})
+                            for p in generate_problems(n=3, split=split)]
+        (tmp / f"{split}.jsonl").write_text("\n".join(lines[split]) + "\n")
+    return tmp / "train.jsonl", tmp / "test.jsonl"
+
+
+def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train, test = _gsm8k_files(tmp_path)
+    yaml_text = (REPO / "experiments" / "lm_eval_tasks" / "gsm8k_local.yaml").read_text()
+    assert "../shared/data/gsm8k/test.jsonl" in yaml_text
+    yaml_text = (yaml_text.replace("../shared/data/gsm8k/train.jsonl", str(train))
+                 .replace("../shared/data/gsm8k/test.jsonl", str(test))
+                 .replace("  data_files:", f"  cache_dir: {tmp_path / 'hf'}\n  data_files:"))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "gsm8k_local.yaml").write_text(yaml_text)
+    tm = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+    res = lm_eval.simple_evaluate(
+        model="fastdllm", model_args=f"pretrained={ckpts['llada']},cache=dual,threshold=0.9,gen_length=16,"
+                                     "block_length=8,dtype=float64",
+        tasks=["gsm8k_local"], num_fewshot=1, limit=3, batch_size=2, bootstrap_iters=0, task_manager=tm)
+    r = res["results"]["gsm8k_local"]
+    assert r["sample_len"] == 3 and 0.0 <= r["exact_match,strict-match"] <= 1.0
+    assert "exact_match,flexible-extract" in r
+    from lm_eval.api.registry import get_model
+
+    assert get_model("fastdllm") is lem.FastDLLMEvalLM and get_model("bd3lm") is lem.BD3LMEvalLM
