@@ -61,7 +61,7 @@ def main(argv=None) -> None:
 
     def eval_fn(m) -> dict:
         r = evaluate_problems(m, tok, held_out, sample, batch_size=64, block_size=args.block_size,
-                              max_length=256, steps_per_block=args.block_size, align="prompt")
+                              gen_length=args.response_length, steps_per_block=args.block_size, align="prompt")
         return {"acc": r["accuracy"]}
 
     def save_fn(m, tokenizer, d) -> None:
