@@ -35,13 +35,17 @@ BlockHook = Callable[[int, Tensor], None]
 
 
 def _tiny_random_model():
+    """A random model with the embedded tokenizer (token ids from the tokenizer, not literals)."""
     from .model import ModelConfig, Transformer
+    from .tokenizer import build_tokenizer
 
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128,
-                      max_seq_len=256, mask_token_id=63, eos_token_id=2)
+    tok = build_tokenizer()
+    cfg = ModelConfig(vocab_size=len(tok), d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128,
+                      max_seq_len=256, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, tie_embeddings=True)
     model = Transformer(cfg)
-    model.reset_parameters(generator=torch.Generator().manual_seed(0))
-    return model.eval(), None
+    model.reset_parameters(std=0.3, generator=torch.Generator().manual_seed(0))
+    return model.eval(), tok
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,16 @@ def strategy_from_args(args) -> Strategy:
                     args.temperature, args.remasking, args.stop_at_eos)
 
 
+def parse_strategy(parser: argparse.ArgumentParser, args) -> "Strategy":
+    """The :class:`Strategy` of parsed ``add_strategy_args`` options; argparse errors otherwise."""
+    if args.strategy != "fastdllm" and args.cache != "none":
+        parser.error("--cache is a fastdllm option")
+    try:
+        return strategy_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: embedded model)")
@@ -217,12 +231,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
-    if args.strategy != "fastdllm" and args.cache != "none":
-        p.error("--cache is a fastdllm option")
-    try:
-        strategy = strategy_from_args(args)
-    except ValueError as e:
-        p.error(str(e))
+    strategy = parse_strategy(p, args)
 
     model, tok = load(args.model, args.dtype, args.device)
     text, ids = encode(model, tok, args.prompt)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dlm.generate import add_strategy_args, encode, load, run_strategy, strategy_from_args
+from dlm.generate import add_strategy_args, encode, load, parse_strategy, run_strategy
 from dlm.trace import replay_lines, step_states, token_labels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,12 +72,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.delay < 0:
         p.error(f"--delay must be >= 0, got {args.delay}")
-    if args.strategy != "fastdllm" and args.cache != "none":
-        p.error("--cache is a fastdllm option")
-    try:
-        strategy = strategy_from_args(args)
-    except ValueError as e:
-        p.error(str(e))
+    strategy = parse_strategy(p, args)
 
     model, tok = load(args.model, args.dtype, args.device)
     _, ids = encode(model, tok, args.prompt)

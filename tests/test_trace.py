@@ -118,10 +118,9 @@ def test_cli_stream_matches_plain_run(strategy, capsys, monkeypatch, tmp_path):
     plain = capsys.readouterr().out.splitlines()
     cli.main(argv + ["--stream"])
     streamed = capsys.readouterr().out.splitlines()
-    answer = eval(next(l for l in plain if l.startswith("answer ids:")).split(":", 1)[1])  # noqa: S307
-    n = int(plain[-1].strip("[").split()[0])
-    got = next(l for l in streamed if l.startswith("answer ids:")).split(":", 1)[1].split()
-    assert [int(t) for t in got] == answer[:n]
+    text = [line for line in plain if not line.startswith("[")]
+    assert text and text[-1].startswith("Answer:") and len(text[-1]) > len("Answer:")
+    assert [line for line in streamed if not line.startswith("[")] == text
 
 
 def test_trace_cli(monkeypatch, tmp_path, capsys):
