@@ -25,7 +25,9 @@ from torch import Tensor
 STYLES = ("lm1b", "owt")
 DEFAULT_TOKENIZERS = {"lm1b": "bert-base-uncased", "owt": "gpt2"}
 DEFAULT_LENGTHS = {"lm1b": 128, "owt": 1024}
-SHARED_TOKENIZERS = Path("/work/shared/data/tokenizers")
+# the checkout's sibling ``../shared/data`` (or $DLM_SHARED_DATA) holds offline tokenizer copies
+SHARED_TOKENIZERS = Path(os.environ.get("DLM_SHARED_DATA") or
+                         Path(__file__).resolve().parents[2] / "shared" / "data") / "tokenizers"
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ def load_tokenizer(name_or_path: Union[str, os.PathLike]):
 
     Falls back to the slow-format classes for bare ``vocab.txt`` (BERT) or
     ``vocab.json`` + ``merges.txt`` (GPT-2) directories, and to the copies under
-    ``/work/shared/data/tokenizers`` for the names ``bert-base-uncased`` / ``gpt2``.
+    ``../shared/data/tokenizers`` (beside the checkout) for the names ``bert-base-uncased`` / ``gpt2``.
     """
     path = Path(name_or_path)
     if not path.is_dir() and (SHARED_TOKENIZERS / str(name_or_path)).is_dir():

@@ -42,17 +42,29 @@ def add_gumbel_noise(logits: Tensor, temperature: float, generator: Optional[tor
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
+def suppress_logits(logits: Tensor, token_ids: tuple[int, ...]) -> Tensor:
+    """A copy of ``logits`` with the logits of ``token_ids`` set to -inf."""
+    if not token_ids:
+        return logits
+    idx = torch.tensor(token_ids, dtype=torch.long, device=logits.device)
+    return logits.index_fill(-1, idx, float("-inf"))
+
+
 def propose(
     logits: Tensor,
     temperature: float,
     remasking: str,
     generator: Optional[torch.Generator],
+    exclude: tuple[int, ...] = (),
 ) -> tuple[Tensor, Tensor]:
     """Proposed tokens and their confidence. logits (B, T, V) -> x0 (B, T), conf (B, T) float64.
 
+    ``exclude``: ids never proposed (the samplers pass [MASK]: a trained model gives it ~0 mass,
+    and a proposed [MASK] would leave its column masked; optionally EOS/EoT too).
     ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA).
     ``random``: conf ~ U(0, 1) (LLaDA's random remasking).
     """
+    logits = suppress_logits(logits, exclude)
     x0 = add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, T)
     if remasking == "low_confidence":
         p = torch.softmax(logits.to(torch.float64), dim=-1)

@@ -112,15 +112,6 @@ def check_sampling(temperature: float, remasking: str, cfg_scale: float = 0.0) -
         raise ValueError(f"cfg_scale must be a number >= 0, got {cfg_scale!r}")
 
 
-def suppress_logits(logits: Tensor, token_ids: tuple[int, ...]) -> Tensor:
-    """Set the logits of ``token_ids`` to -inf (LLaDA's ``logits_eos_inf``)."""
-    if not token_ids:
-        return logits
-    logits = logits.clone()
-    logits[..., list(token_ids)] = float("-inf")
-    return logits
-
-
 def eos_ids(model) -> tuple[int, ...]:
     cfg = model.config
     return tuple(i for i in (cfg.eos_token_id, cfg.eot_token_id) if i is not None)
@@ -165,6 +156,7 @@ def generate(
         positions = torch.cat([positions, positions])
     stop_ids = eos_ids(model)
     stop_t = torch.tensor(stop_ids, dtype=torch.long, device=x.device)
+    exclude = (mid,) + (stop_ids if logits_eos_inf else ())  # never proposed
     commit_step = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device)
     first_eos = torch.full((B,), -1, dtype=torch.long, device=x.device)
     step = 0
@@ -183,10 +175,7 @@ def generate(
             if cfg_scale > 0:
                 cond, uncond_logits = logits.chunk(2)
                 logits = uncond_logits + (cfg_scale + 1) * (cond - uncond_logits)
-            # never propose [MASK] (a trained model gives it ~0 mass; a proposed [MASK] would
-            # leave its column masked); optionally never propose EOS/EoT
-            logits = suppress_logits(logits, (mid,) + (stop_ids if logits_eos_inf else ()))
-            x0, conf = propose(logits, temperature, remasking, generator)  # (B, L)
+            x0, conf = propose(logits, temperature, remasking, generator, exclude)  # (B, L)
             if confidence_eos_eot_inf and stop_ids:
                 is_stop = torch.isin(x0, stop_t)
                 conf = torch.where(is_stop, torch.full_like(conf, float("-inf")), conf)

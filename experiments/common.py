@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from dlm.tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported for the scripts)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -86,6 +88,18 @@ class JsonlLog:
 
 # --- prompts and decoded answers (shared by experiments.gsm8k and experiments.lm_eval_models) ---
 
+def arith_config_of(model_dir) -> "ArithConfig":
+    """The task an embedded checkpoint was trained on (``config.json["extra"]["arith"]``), else
+    the default :class:`dlm.tasks.ArithConfig`."""
+    from dlm.tasks import ArithConfig
+
+    cfg_file = Path(model_dir) / "config.json"
+    extra = (json.loads(cfg_file.read_text()).get("extra") or {}) if cfg_file.is_file() else {}
+    if not isinstance(extra.get("arith"), dict):
+        return ArithConfig()
+    return ArithConfig(**{**extra["arith"], "ops": tuple(extra["arith"].get("ops", ("+", "-")))})
+
+
 def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool = True) -> list[int]:
     """Token ids of a (few-shot) GSM8K-format prompt.
 
@@ -106,13 +120,6 @@ def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool 
     else:
         text = format_prompt(question, shots)
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def decode_until_stop(tokenizer, ids: list[int], stop_ids: Iterable[int]) -> str:
-    """Text of generated ``ids`` up to (excluding) the first stop id, special tokens skipped."""
-    stops = set(stop_ids)
-    cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-    return tokenizer.decode(ids[:cut], skip_special_tokens=True)
 
 
 def apply_stop_strings(text: str, until: Iterable[str]) -> str:

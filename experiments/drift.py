@@ -40,7 +40,8 @@ import torch
 from torch import Tensor
 
 from dlm.cache import KVCache
-from dlm.sampling import check_blocks, suppress_logits
+from dlm.commit import suppress_logits
+from dlm.sampling import check_blocks
 from experiments.common import REPO, atomic_write_text, config_hash, git_sha
 
 

@@ -47,10 +47,10 @@ from tqdm import tqdm
 
 from dlm import distributed
 from dlm.sampling import eos_ids
-from dlm.tasks import (ArithConfig, Problem, extract_flexible, extract_strict, fewshot_examples,
+from dlm.tasks import (Problem, extract_flexible, extract_strict, fewshot_examples,
                        generate_problems, is_correct, load_gsm8k, sample_shots)
 from dlm.tasks.evaluate import left_pad
-from experiments.common import (REPO, JsonlLog, atomic_write_text, config_hash, decode_until_stop,
+from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, decode_until_stop,
                                 encode_question, git_sha, merge_logs, rank_log_path, rank_log_paths,
                                 read_jsonl)
 from experiments.strategies import GRIDS, STRATEGIES, SamplerCall, Settings, Strategy, build_call, resolve
@@ -168,21 +168,11 @@ def parse_config(argv=None) -> HarnessConfig:
 
 
 # --------------------------------------------------------------------------------------- data
-def arith_config(model_path: str) -> ArithConfig:
-    """The ArithConfig a checkpoint records in ``config.json["extra"]["arith"]``, else the default."""
-    cfg_file = Path(model_path) / "config.json"
-    if cfg_file.is_file():
-        extra = json.loads(cfg_file.read_text()).get("extra") or {}
-        if isinstance(extra.get("arith"), dict):
-            return ArithConfig(**extra["arith"])
-    return ArithConfig()
-
-
 def load_problems(cfg: HarnessConfig) -> list[Problem]:
     """The evaluation problems of --data, in a fixed order (ids are stable across --limit)."""
     if cfg.data == "arith":
         n = DEFAULT_ARITH_N if cfg.limit is None else cfg.limit
-        return generate_problems(arith_config(cfg.model), n, split="test", seed=cfg.seed)
+        return generate_problems(arith_config_of(cfg.model), n, split="test", seed=cfg.seed)
     problems = load_gsm8k("openai/gsm8k" if cfg.data == "gsm8k" else cfg.data, split="test")
     if not problems:
         raise ValueError(f"--data {cfg.data}: no problems")
@@ -195,7 +185,7 @@ def load_shots(cfg: HarnessConfig) -> list[Problem]:
     if k == 0:
         return []
     if cfg.data == "arith":
-        return fewshot_examples(arith_config(cfg.model), k, seed=cfg.seed + 1)
+        return fewshot_examples(arith_config_of(cfg.model), k, seed=cfg.seed + 1)
     if cfg.data == "gsm8k":
         pool = load_gsm8k("openai/gsm8k", split="train")
     else:

@@ -25,9 +25,9 @@ import torch
 
 from dlm.checkpoints import load_model
 from dlm.sampling import generate
-from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
+from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems, wilson_ci
-from experiments.common import JsonlLog, atomic_write_text, config_hash, git_sha
+from experiments.common import JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 CONFIGS = {
@@ -36,17 +36,6 @@ CONFIGS = {
     "semiar32_s8": dict(block=32, div=8), "pure_s2": dict(block=None, div=2),
     "pure_s4": dict(block=None, div=4), "pure_s8": dict(block=None, div=8),
 }
-
-
-def arith_config_of(model_dir) -> ArithConfig:
-    """The task config an embedded model was trained on (stored in config.json["extra"])."""
-    extra = json.loads((Path(model_dir) / "config.json").read_text()).get("extra", {})
-    if "arith" in extra:
-        a = dict(extra["arith"])
-        a["ops"] = tuple(a["ops"])
-        return ArithConfig(**a)
-    args = extra.get("args", {})
-    return ArithConfig(max_steps=args.get("max_steps_per_problem", 2), max_value=args.get("max_value", 50))
 
 
 def sampler_kwargs(name: str, gen_length: int) -> dict:

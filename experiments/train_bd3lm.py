@@ -25,7 +25,7 @@ from dlm.tasks import generate_problems
 from dlm.tasks.evaluate import evaluate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, train
-from experiments.testbed import arith_config_of
+from experiments.common import arith_config_of
 
 DEFAULT_INIT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 

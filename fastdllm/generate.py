@@ -32,8 +32,7 @@ from torch import Tensor
 from dlm.attention import BACKENDS, key_padding_mask
 from dlm.cache import KVCache
 from dlm.commit import num_transfer_tokens, propose
-from dlm.sampling import (GenerateOutput, check_blocks, check_sampling, eos_ids, prepare_batch,
-                          suppress_logits)
+from dlm.sampling import GenerateOutput, check_blocks, check_sampling, eos_ids, prepare_batch
 from dlm.stats import ForwardTimer, SampleStats, tokens_until_eos
 
 from .policies import Policy, window, window_flops
@@ -176,8 +175,7 @@ def generate(
             elif i == steps_per_block:
                 break
             raw = forward(x, lo, hi, i)  # (B, L, V)
-            logits = suppress_logits(raw, (mid,))  # never propose [MASK], as the baseline
-            x0, conf = propose(logits, temperature, remasking, generator)  # (B, L)
+            x0, conf = propose(raw, temperature, remasking, generator, (mid,))  # (B, L)
             k = None if policy.parallel else k_sched[:, i]
             commit = policy.select(conf, eligible, k)  # (B, L); clean rows commit nothing
             x[:, lo:hi] = torch.where(commit, x0, x[:, lo:hi])

@@ -73,7 +73,7 @@ def test_shipped_checkpoint_solves_problems(tok):
         pytest.skip("embedded checkpoint not committed yet")
     from dlm import load_model
     model, mtok = load_model(CKPT)
-    from experiments.testbed import arith_config_of
+    from experiments.common import arith_config_of
     problems = generate_problems(arith_config_of(CKPT), 16, split="test", seed=777)
     r = evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=64, steps=64,
                           block_length=32)

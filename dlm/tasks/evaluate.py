@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..sampling import eos_ids
 from .gsm8k import Problem, extract_strict, is_correct
 from .sft_data import encode_prompt
 
@@ -22,12 +23,11 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def decode_answer(tokenizer, generated: torch.Tensor, eos_id: Optional[int]) -> str:
-    """Text up to the first EOS (exclusive)."""
-    ids = generated.tolist()
-    if eos_id is not None and eos_id in ids:
-        ids = ids[: ids.index(eos_id)]
-    return tokenizer.decode(ids, skip_special_tokens=True)
+def decode_until_stop(tokenizer, ids: list[int], stop_ids: Iterable[int]) -> str:
+    """Text of generated ``ids`` up to (excluding) the first stop id, special tokens skipped."""
+    stops = set(stop_ids)
+    cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+    return tokenizer.decode(ids[:cut], skip_special_tokens=True)
 
 
 def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -59,7 +59,7 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
         out = sampler(model, ids.to(device), attention_mask=mask.to(device), **sampler_kwargs)
         P = ids.shape[1]
         for i, p in enumerate(chunk):
-            text = decode_answer(tokenizer, out.sequences[i, P:], model.config.eos_token_id)
+            text = decode_until_stop(tokenizer, out.sequences[i, P:].tolist(), eos_ids(model))
             records.append({
                 "id": p.id, "prediction": text, "extracted": extract_strict(text),
                 "target": p.target_str, "correct": bool(is_correct(text, p.target, mode=mode)),
