@@ -33,12 +33,12 @@ import warnings
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from torch import Tensor
 from tqdm import tqdm
 
+from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-exported)
 from dlm.sampling import eos_ids
 from dlm.tasks.evaluate import left_pad
 from experiments.common import apply_stop_strings, decode_until_stop
@@ -54,41 +54,6 @@ def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
-
-
-@torch.no_grad()
-def mc_loglikelihood(model, prefix: Tensor, target: Tensor, mc_num: int = 128, batch_size: int = 32,
-                     generator: Optional[torch.Generator] = None, mask_id: Optional[int] = None) -> float:
-    """LLaDA's Monte-Carlo ELBO of ``target`` (L,) after ``prefix`` (P,): LLaDA eq. 6.
-
-    ``mc_num / batch_size`` forwards of ``batch_size`` rows; row ``i`` masks ``x_i`` uniformly
-    chosen continuation tokens, ``x_i`` stratified over ``{1..L}`` (LLaDA's ``forward_process``),
-    and contributes ``sum_masked CE * L / x_i``. Returns minus the mean over rows (nats).
-    Randomness (on the CPU) comes only from ``generator``."""
-    mc_num, batch_size = _positive("mc_num", mc_num), _positive("mc_batch_size", batch_size)
-    if mc_num % batch_size:
-        raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={batch_size}")
-    if prefix.dim() != 1 or target.dim() != 1 or target.numel() == 0:
-        raise ValueError("prefix must be (P,) and target a non-empty (L,) tensor")
-    mask_id = model.config.mask_token_id if mask_id is None else mask_id
-    dev = next(model.parameters()).device
-    P, L, b = prefix.numel(), target.numel(), batch_size
-    seq = torch.cat([prefix, target]).to(dev)[None].expand(b, -1)  # (b, P + L)
-    total = 0.0
-    for _ in range(mc_num // b):
-        k = int(torch.randint(1, L + 1, (), generator=generator))
-        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
-        x = (x - 1) % L + 1  # (b,) masked tokens per row, in 1..L
-        is_mask = torch.arange(L)[None, :] < x[:, None]  # (b, L)
-        is_mask = torch.stack([row[torch.randperm(L, generator=generator)] for row in is_mask]).to(dev)
-        noisy = torch.where(is_mask, torch.full_like(seq[:, P:], mask_id), seq[:, P:])
-        logits = model(torch.cat([seq[:, :P], noisy], dim=1), logits_slice=slice(P, P + L))  # (b, L, V)
-        lg = logits[is_mask]  # (n_masked, V)
-        lg = lg.float() if lg.dtype in (torch.float16, torch.bfloat16) else lg
-        ce = F.cross_entropy(lg, seq[:, P:][is_mask], reduction="none")  # (n_masked,)
-        weight = (L / x.to(dev, lg.dtype))[:, None].expand(b, L)[is_mask]  # 1 / p_mask
-        total += float((ce * weight).sum()) / b
-    return -total / (mc_num // b)
 
 
 @torch.no_grad()

@@ -4,7 +4,11 @@ Every row is ``prompt ++ answer ++ EOS...`` up to the batch length ``T = max pro
 the response length ``R`` drawn per batch from ``response_lengths``: short responses keep most of
 the compute on the answer tokens, long ones (256, 512) teach the model the long EOS tail (and its
 positions) that generation lengths of 256-512 need. Optional few-shot prompts teach long prompts.
-A batch is a pure function of the step's generator, so training resumes exactly.
+A batch is a pure function of the step and its generator, so training resumes exactly.
+
+Curriculum (``short_steps``): the first optimizer steps use only the shortest response length and
+zero-shot prompts, so the model learns the task itself (copying operands, carrying digits) on
+cheap short rows before the long EOS tails and few-shot prompts take their share of the compute.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class SFTDataConfig:
     response_probs: tuple[float, ...] = (0.8, 0.15, 0.05)
     fewshot_prob: float = 0.25  # share of batches with k-shot prompts (never with the longest R)
     max_shots: int = 8
+    short_steps: int = 0  # curriculum: steps [0, short_steps) use min(response_lengths), no shots
 
     def __post_init__(self) -> None:
         if len(self.response_lengths) != len(self.response_probs):
@@ -33,6 +38,8 @@ class SFTDataConfig:
             raise ValueError("response_probs must be a probability vector")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if isinstance(self.short_steps, bool) or not isinstance(self.short_steps, int) or self.short_steps < 0:
+            raise ValueError(f"short_steps must be an int >= 0, got {self.short_steps!r}")
         if not 0 <= self.fewshot_prob <= 1:
             raise ValueError(f"fewshot_prob must lie in [0, 1], got {self.fewshot_prob}")
 
@@ -71,11 +78,12 @@ class SFTBatches:
     def __call__(self, step: int, generator: torch.Generator) -> dict:
         cfg = self.cfg
         r = torch.multinomial(torch.tensor(cfg.response_probs), 1, generator=generator).item()
-        response_len = cfg.response_lengths[r]
+        short = step < cfg.short_steps
+        response_len = min(cfg.response_lengths) if short else cfg.response_lengths[r]
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         problems = generate_problems(cfg.arith, cfg.batch_size, split="train", seed=seed)
         use_shots = response_len < max(cfg.response_lengths) and \
-            float(torch.rand((), generator=generator)) < cfg.fewshot_prob
+            float(torch.rand((), generator=generator)) < cfg.fewshot_prob and not short
         prompts = []
         for i, pr in enumerate(problems):
             shots = ()
