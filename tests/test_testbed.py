@@ -67,16 +67,33 @@ def test_jsonl_log_resumes_after_truncated_line(tmp_path):
     assert [r["id"] for r in lines] == ["a", "b", "c"] and lines[1]["v"] == 2
 
 
-def test_shipped_checkpoint_solves_problems(tok):
-    """The committed embedded model really solves held-out problems (semi-AR, 1 token/step)."""
-    if not CKPT.is_dir():
-        pytest.skip("embedded checkpoint not committed yet")
+@pytest.mark.parametrize("gen_length", [32, 128])
+def test_shipped_checkpoint_solves_problems(tok, gen_length):
+    """The committed embedded model really solves held-out problems (semi-AR, 1 token/step), also
+    with a masked EOS tail longer than its answers (a model trained only on short answers fails)."""
+    assert CKPT.is_dir(), f"embedded checkpoint {CKPT} is missing"
     from dlm import load_model
     model, mtok = load_model(CKPT)
     from experiments.common import arith_config_of
     problems = generate_problems(arith_config_of(CKPT), 16, split="test", seed=777)
-    r = evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=64, steps=64,
-                          block_length=32)
+    r = evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=gen_length,
+                          steps=gen_length, block_length=32)
     assert r["n"] == 16
     assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     assert all(x["extracted"] is not None for x in r["records"][:8])
+
+
+def test_shipped_bd3lm_checkpoint_solves_problems():
+    """The committed block-diffusion model (exact KV cache, stops at the first EOS block) solves
+    held-out problems too, and never decodes past the block that holds EOS."""
+    ckpt = CKPT.parent / "bd3lm-arith-16"
+    assert ckpt.is_dir(), f"embedded BD3-LM checkpoint {ckpt} is missing"
+    from bd3lm import BD3LM, sample
+    from experiments.common import arith_config_of
+    bd3, mtok = BD3LM.load(ckpt)
+    assert bd3.block_size == 16
+    problems = generate_problems(arith_config_of(ckpt), 16, split="test", seed=777)
+    r = evaluate_problems(bd3.model, mtok, problems, sample, batch_size=16, block_size=16,
+                          gen_length=128, steps_per_block=16, align=bd3.align, stop_at_eos=True)
+    assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
+    assert all(x["tokens_until_eos"] <= 48 for x in r["records"]), "decoded past the EOS block"
