@@ -30,6 +30,18 @@ def git_sha() -> str:
         return "unknown"
 
 
+def repo_relative(path) -> str:
+    """``path`` relative to the repository when it lies inside it (a hub id or an outside path is
+    returned as given), so results files and config hashes do not depend on where the checkout is."""
+    p = Path(str(path))
+    if p.exists():
+        try:
+            return p.resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
 def config_hash(config: dict) -> str:
     return hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:10]
 

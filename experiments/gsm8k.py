@@ -52,7 +52,7 @@ from dlm.tasks import (Problem, extract_flexible, extract_strict, fewshot_exampl
 from dlm.tasks.evaluate import left_pad
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, decode_until_stop,
                                 encode_question, git_sha, merge_logs, rank_log_path, rank_log_paths,
-                                read_jsonl)
+                                read_jsonl, repo_relative)
 from experiments.strategies import GRIDS, STRATEGIES, SamplerCall, Settings, Strategy, build_call, resolve
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
@@ -208,14 +208,14 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
         model, tok = load_model(cfg.model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
-        main = Loaded(model, tok, cfg.model)
+        main = Loaded(model, tok, repo_relative(cfg.model))
     if any(s.kind == "bd3lm" for s in strategies):
         from bd3lm import BD3LM
 
         wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
-        bd3 = Loaded(wrapper.model.eval(), tok, cfg.bd3_model, wrapper.bd3_config)
+        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config)
     return main, bd3
 
 

@@ -27,7 +27,7 @@ from dlm.checkpoints import load_model
 from dlm.sampling import generate
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems, wilson_ci
-from experiments.common import JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha
+from experiments.common import JsonlLog, arith_config_of, repo_relative, atomic_write_text, config_hash, git_sha
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 CONFIGS = {
@@ -55,7 +55,7 @@ def run(args) -> None:
             kw = sampler_kwargs(name, args.gen_length)
             log = JsonlLog(out / f"{name}_k{k}.jsonl")
             todo = [p for p in problems if p.id not in log.done]
-            h = config_hash({"model": str(args.model), **kw, "shots": k, "seed": args.seed})
+            h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed})
             t0 = time.time()
             for lo in range(0, len(todo), args.batch_size):
                 chunk = todo[lo:lo + args.batch_size]
@@ -85,7 +85,7 @@ def report(args) -> None:
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
                          "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
                          **sampler_kwargs(name, args.gen_length)})
-    meta = {"git_sha": git_sha(), "model": str(args.model), "seed": args.seed, "gen_length": args.gen_length}
+    meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length}
     atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
              f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking.", "",

@@ -97,3 +97,11 @@ def test_shipped_bd3lm_checkpoint_solves_problems():
                           gen_length=128, steps_per_block=16, align=bd3.align, stop_at_eos=True)
     assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     assert all(x["tokens_until_eos"] <= 48 for x in r["records"]), "decoded past the EOS block"
+
+
+def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
+    from experiments.common import REPO, repo_relative
+    assert repo_relative(REPO / "results" / "README.md") == "results/README.md"
+    assert repo_relative(str(REPO / "dlm")) == "dlm"
+    assert repo_relative(tmp_path) == str(tmp_path)  # outside the checkout: unchanged
+    assert repo_relative("GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"  # hub id
