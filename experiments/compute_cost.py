@@ -299,13 +299,17 @@ def main(argv=None) -> list[CostRow]:
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
     p.add_argument("--plot", default=None, help="write cost-vs-G plot (PNG) here")
     p.add_argument("--json", default=None, help="write the table as JSON here")
+    p.add_argument("--md", default=None, help="write the printed markdown table here")
     args = p.parse_args(argv)
     model = cost_model_from_args(args)
     rows = cost_table(model, args.prompt, args.gen, args.block, args.steps, args.tokens_per_step)
-    print(markdown(rows, args.prompt, args.gen), end="")
-    if args.json:
-        from experiments.common import atomic_write_text, git_sha
+    table = markdown(rows, args.prompt, args.gen)
+    print(table, end="")
+    from experiments.common import atomic_write_text, git_sha
 
+    if args.md:
+        atomic_write_text(Path(args.md), f"{table}\ngit {git_sha()}; model {asdict(model)}\n")
+    if args.json:
         payload = {"git_sha": git_sha(), "model": asdict(model),
                    "config": {k: getattr(args, k) for k in ("prompt", "gen", "block", "steps", "tokens_per_step")},
                    "rows": [asdict(r) for r in rows]}

@@ -25,6 +25,7 @@ import torch
 
 from dlm.generate import add_strategy_args, encode, load, parse_strategy, run_strategy
 from dlm.trace import replay_lines, step_states, token_labels
+from experiments.common import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +67,7 @@ def main(argv=None) -> dict:
     add_strategy_args(p)
     p.add_argument("--out", default=None, help="PNG path (default results/trace_<strategy>.png)")
     p.add_argument("--replay", action="store_true", help="print the answer after every step")
+    p.add_argument("--replay-out", default=None, help="also write the replay (one line per step) to this file")
     p.add_argument("--delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -81,11 +83,14 @@ def main(argv=None) -> dict:
     P = ids.shape[1]
     answer, cs = out.sequences[0, P:].cpu(), out.commit_step[0].cpu()
     mid = model.config.mask_token_id
+    lines = replay_lines(step_states(answer, cs, mid), mid, tok) if args.replay or args.replay_out else []
     if args.replay:
-        for line in replay_lines(step_states(answer, cs, mid), mid, tok):
+        for line in lines:
             print(line, flush=True)
             if args.delay:
                 time.sleep(args.delay)
+    if args.replay_out:
+        atomic_write_text(Path(args.replay_out), f"# {args.prompt}\n" + "".join(f"{x}\n" for x in lines))
     path = Path(args.out) if args.out else REPO / "results" / f"trace_{strategy.label}.png"
     title = (f"{strategy.label}: G={strategy.gen_length}, block {strategy.block_length}, "
              f"{out.stats.steps} steps, {out.stats.nfe} forwards")

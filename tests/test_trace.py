@@ -131,6 +131,11 @@ def test_trace_cli(monkeypatch, tmp_path, capsys):
     lines = [l for l in capsys.readouterr().out.splitlines() if " | " in l]
     assert png.stat().st_size > 0 and len(lines) == res["output"].stats.steps == 8
     assert lines[0].count("_") == 7 and "_" not in lines[-1]
+    txt = tmp_path / "t.txt"  # --replay-out writes the same replay without printing it
+    trace.main(["--strategy", "fastdllm", "--cache", "prefix", "--gen-length", "8", "--block-length",
+                "4", "--prompt", "abc", "--out", str(png), "--replay-out", str(txt)])
+    assert not [l for l in capsys.readouterr().out.splitlines() if " | " in l]
+    assert txt.read_text().splitlines() == ["# abc", *lines]
 
 
 def test_bad_inputs(model, monkeypatch, tmp_path):

@@ -1,0 +1,248 @@
+"""One command that regenerates every table and plot in ``results/`` from the committed checkpoints.
+
+    python -m experiments.reproduce --jobs 2                      # results/ in place
+    python -m experiments.reproduce --out /tmp/repro --limit 16   # from scratch, a subset, checked
+    python -m experiments.reproduce --full --out /tmp/repro       # retrain the embedded models first
+    python -m experiments.reproduce --list                        # the plan, one command per job
+
+Every artefact is made by one job, and a job is one command of the experiment scripts, run as a
+subprocess (``OMP_NUM_THREADS`` = cores / ``--jobs``; log in ``<work>/logs/<job>.log``). Jobs whose
+script keeps per-sample JSONL (testbed, GSM8K-format harness, perplexity eval) always run: the
+script skips the samples already written, so on a checkout with the committed results they only
+rebuild their tables, and a killed reproduction resumes where it stopped. The other jobs (cost
+tables, drift, traces, training) are skipped when all their artefacts exist (``--force`` reruns).
+
+``--out DIR`` other than ``results/`` recomputes everything there from the committed checkpoints
+(the perplexity ladder's bf16 checkpoints and training records are copied in, so only its eval
+reruns). ``--limit N`` caps every per-sample job at its first N problems (the same ids as the
+committed runs), and ``--verify`` (default with ``--out``) compares each sample with the committed
+one: same decoded output, same correctness. ``--full`` also retrains the embedded models (two-phase
+LLaDA SFT, the BD3-LM fine-tune, the five perplexity models) into ``DIR/checkpoints``; it refuses a
+directory that already holds per-sample results of other models.
+
+Writes ``<out>/reproduce.json`` (git SHA, arguments, each job's status and seconds),
+``<out>/README.md`` (every artefact with the command that made it) and, with ``--verify``,
+``<out>/verify.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from experiments.common import REPO, atomic_write_text, git_sha, read_jsonl
+from experiments.reproduce_plan import Job, plan
+
+RESULTS = REPO / "results"
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository when inside it, else absolute (commands run there)."""
+    p = Path(path).resolve()
+    return p.relative_to(REPO).as_posix() if p.is_relative_to(REPO) else str(p)
+
+
+# ------------------------------------------------------------------------------------ scheduling
+@dataclass
+class Outcome:
+    status: str  # ran | skipped | failed | blocked
+    seconds: float = 0.0
+    returncode: Optional[int] = None
+
+
+def is_done(job: Job, out: Path) -> bool:
+    return bool(job.artefacts) and all((out / a).exists() for a in job.artefacts)
+
+
+def export(job: Job) -> None:
+    """Copy a training job's model dir into ``checkpoints/`` (temp dir, then rename)."""
+    src, dst = (REPO / p for p in job.export)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+
+
+def run_jobs(jobs: list[Job], out: Path, workers: int, logs: Path, force: bool = False,
+             poll_s: float = 0.2) -> dict[str, Outcome]:
+    """Run ``jobs`` on ``workers`` processes, dependencies first, the most expensive ready job
+    first; a failed job blocks the jobs that need it. Returns each job's :class:`Outcome`."""
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    results: dict[str, Outcome] = {}
+    pending = list(jobs)
+    running: dict[str, tuple] = {}
+    try:
+        while pending or running:
+            for name, (proc, t0, fh, job) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                fh.close()
+                ok = proc.returncode == 0
+                if ok and job.export:
+                    export(job)
+                results[name] = Outcome("ran" if ok else "failed", time.perf_counter() - t0, proc.returncode)
+                print(f"[reproduce] {name}: {'done' if ok else f'FAILED (rc {proc.returncode}), see {logs / name}.log'}"
+                      f" in {results[name].seconds:.0f}s", flush=True)
+                del running[name]
+            for job in sorted(pending, key=lambda j: -j.cost_min):
+                if any(results.get(d, Outcome("")).status in ("failed", "blocked") for d in job.after):
+                    results[job.name] = Outcome("blocked")
+                    pending.remove(job)
+                    continue
+                if len(running) >= workers or any(d in running or d in {p.name for p in pending}
+                                                  for d in job.after):
+                    continue
+                pending.remove(job)
+                if not job.always and not force and is_done(job, out):
+                    results[job.name] = Outcome("skipped")
+                    continue
+                print(f"[reproduce] {job.name}: {shlex.join(job.command())}", flush=True)
+                fh = open(logs / f"{job.name}.log", "w")
+                proc = subprocess.Popen(job.command(), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+                running[job.name] = (proc, time.perf_counter(), fh, job)
+            time.sleep(poll_s if running else 0)
+    finally:
+        for proc, _, fh, _ in running.values():
+            proc.kill()
+            fh.close()
+    return results
+
+
+# ------------------------------------------------------------------------------ verify + index
+def _output(rec: dict) -> str:
+    return rec.get("output", rec.get("prediction"))
+
+
+def verify(jobs: list[Job], out: Path, ref: Path) -> str:
+    """Per-sample comparison of ``out`` with the committed ``ref``: for every id present in both,
+    is the decoded output identical and the correctness the same?"""
+    lines = ["# Reproduction check", "", f"`{rel(out)}` against `{rel(ref)}`, git {git_sha()}", "",
+             "| file | samples compared | identical output | same correctness | accuracy here | accuracy committed |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for job in jobs:
+        for pattern in job.samples:
+            for path in sorted(out.glob(pattern)):
+                mine = {r["id"]: r for r in read_jsonl(path)}
+                theirs = {r["id"]: r for r in read_jsonl(ref / path.relative_to(out))} \
+                    if (ref / path.relative_to(out)).is_file() else {}
+                ids = [i for i in mine if i in theirs]
+                if not ids:
+                    continue
+                same = sum(_output(mine[i]) == _output(theirs[i]) for i in ids)
+                corr = sum(mine[i]["correct"] == theirs[i]["correct"] for i in ids)
+                acc_m = sum(mine[i]["correct"] for i in ids) / len(ids)
+                acc_t = sum(theirs[i]["correct"] for i in ids) / len(ids)
+                lines.append(f"| `{path.relative_to(out)}` | {len(ids)} | {same} | {corr} | "
+                             f"{100 * acc_m:.1f}% | {100 * acc_t:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+INDEX_HEAD = """# results/
+
+Every artefact here, with the job of `python -m experiments.reproduce` that makes it and the
+command that job runs (from the repository root; `OMP_NUM_THREADS=1` per process on a CPU).
+Per-sample JSONL files are the source of truth: tables are rebuilt from them alone, each line
+carries its config hash and seed, and each summary file the git SHA. `reproduce` reruns every
+job; the sample-level scripts skip what is already recorded. Training jobs run only with `--full`.
+"""
+
+
+def index(jobs: list[Job]) -> str:
+    lines = [INDEX_HEAD, "| artefact | what | job | command |", "|---|---|---|---|"]
+    for j in jobs:
+        arts = "<br>".join(f"`{a}`" for a in (*j.artefacts, *j.samples))
+        cmd = shlex.join(j.command()[1:]).replace("|", "\\|")
+        lines.append(f"| {arts} | {j.what} | `{j.name}` | `python {cmd}` |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def prepare_fresh(out: Path) -> None:
+    """Copy the committed perplexity checkpoints and training records into a fresh ``out``, so its
+    eval reruns on the committed models (the GSM8K-format jobs read results/checkpoints directly)."""
+    for src in sorted((RESULTS / "checkpoints").glob("perplexity-*")):
+        dst = out / "checkpoints" / src.name
+        if not dst.exists():
+            shutil.copytree(src, dst)
+    for src in sorted(RESULTS.glob("perplexity_*.jsonl")):
+        dst = out / src.name
+        if not dst.exists():
+            kept = [r for r in read_jsonl(src) if r.get("kind") in ("config", "train")]
+            atomic_write_text(dst, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def check_args(a, out: Path, names: list[str]) -> None:
+    if a.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {a.jobs}")
+    in_place = out.resolve() == RESULTS.resolve()
+    if a.limit is not None and (a.limit < 1 or in_place):
+        raise ValueError(f"--limit {a.limit}: needs N >= 1 and an --out other than results/ "
+                         "(a subset would truncate the committed tables)")
+    unknown = sorted(set(a.only or ()) - set(names))
+    if unknown:
+        raise ValueError(f"--only: unknown job(s) {unknown}; see --list")
+    if a.full and any(out.glob("*/*.jsonl")):
+        raise ValueError(f"--full: {out} already holds per-sample results (of the committed models); "
+                         "give a fresh --out so retrained models do not resume them")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(RESULTS), help="results directory (default results/)")
+    p.add_argument("--work", default=str(REPO / "runs" / "reproduce"), help="logs and trainer state")
+    p.add_argument("--jobs", type=int, default=1, help="jobs run at once (default 1; 2 on a 2-core box)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of every per-sample job")
+    p.add_argument("--full", action="store_true", help="retrain the embedded models first")
+    p.add_argument("--only", nargs="+", default=None, help="these jobs (and nothing else)")
+    p.add_argument("--force", action="store_true", help="rerun jobs whose artefacts exist")
+    p.add_argument("--verify", default=None, help="compare samples with this results dir "
+                   "(default: results/ when --out is elsewhere)")
+    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    a = p.parse_args(argv)
+    out, work = Path(a.out), Path(a.work)
+    jobs = plan(rel(out), rel(work), a.limit, a.full)
+    check_args(a, out, [j.name for j in jobs])
+    if a.list:
+        for j in jobs:
+            print(f"{j.name:28s} {j.cost_min:5.1f} min  {shlex.join(j.command()[1:])}")
+        return 0
+    selected = [j for j in jobs if (a.only is None or j.name in a.only) and (a.full or not j.training)]
+    in_place = out.resolve() == RESULTS.resolve()
+    if not in_place and not a.full:
+        prepare_fresh(out)
+    t0 = time.perf_counter()
+    res = run_jobs(selected, out, a.jobs, work / "logs", a.force)
+    wall = time.perf_counter() - t0
+    summary = {"git_sha": git_sha(), "argv": sys.argv[1:] if argv is None else list(argv), "jobs_at_once": a.jobs,
+               "cpu_count": os.cpu_count(), "wall_s": wall,
+               "jobs": {n: {"status": o.status, "seconds": o.seconds} for n, o in res.items()}}
+    atomic_write_text(out / "reproduce.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "README.md", index(jobs))
+    ref = Path(a.verify) if a.verify else (None if in_place else RESULTS)
+    if ref is not None:
+        report = verify(selected, out, ref)
+        atomic_write_text(out / "verify.md", report)
+        print(report)
+    bad = {n: o.status for n, o in res.items() if o.status in ("failed", "blocked")}
+    print(f"[reproduce] {len(res)} jobs in {wall / 60:.1f} min: "
+          + ", ".join(f"{s} {sum(o.status == s for o in res.values())}" for s in ("ran", "skipped", "failed", "blocked")))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as e:
+        sys.exit(f"error: {e}")

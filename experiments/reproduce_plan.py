@@ -1,0 +1,164 @@
+"""The jobs of ``experiments.reproduce``: every artefact in ``results/`` and the command that makes it.
+
+Costs are core-minutes from scratch on one core of the 2-core AMD EPYC box this was written on
+(summed ``seconds`` of the committed per-sample records; training wall times from the README);
+they order the scheduler (most expensive first) and are printed by ``--list``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+#: a held-out problem of the embedded task (``generate_problems(..., split="test", seed=0)[0]``)
+TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    module: str
+    args: tuple
+    what: str
+    artefacts: tuple = ()  # paths under --out this job writes
+    samples: tuple = ()  # per-sample JSONL globs under --out (compared by --verify)
+    always: bool = False  # the script skips finished samples itself, or only rebuilds a table
+    after: tuple = ()
+    cost_min: float = 0.1
+    export: Optional[tuple] = None  # (trained model dir, checkpoint dir), copied after success
+    training: bool = False  # only with --full
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *map(str, self.args)]
+
+
+def _cap(n: int, limit: Optional[int]) -> int:
+    return n if limit is None else min(n, limit)
+
+
+def training_jobs(out: str, work: str) -> list[Job]:
+    """The README's two-phase LLaDA SFT, the BD3-LM fine-tune and the perplexity ladder."""
+    ck = f"{out}/checkpoints"
+    task = ("--max-value", 9, "--weighting", "uniform", "--fewshot-prob", 0.2, "--ema", 0)
+    ppl = ("train", "--preset", "laptop", "--out", out, "--work", f"{work}/perplexity-laptop")
+    return [
+        Job("train_llada_p1", "experiments.train_llada",
+            ("--out", f"{work}/llada-p1", "--d-model", 128, "--n-layers", 4, "--n-heads", 4, "--lr", 3e-3,
+             "--warmup", 100, "--steps", 2600, "--short-steps", 2000, *task,
+             "--response-lengths", 32, 256, 512, "--response-probs", 0.8, 0.15, 0.05),
+            "phase 1 of the embedded LLaDA-style SFT (curriculum on 32-token answers)",
+            (f"{work}/llada-p1/model/config.json",), cost_min=35, training=True),
+        Job("train_llada", "experiments.train_llada",
+            ("--init", f"{work}/llada-p1/model", "--out", f"{work}/llada-arith", "--steps", 1000,
+             "--batch-size", 16, "--lr", 1e-3, "--warmup", 50, "--eval-every", 250, "--save-every", 250, *task,
+             "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.2, 0.2, 0.4, 0.2),
+            "embedded LLaDA-style model (phase 2: long EOS tails)", ("checkpoints/llada-arith/config.json",),
+            after=("train_llada_p1",), cost_min=14, export=(f"{work}/llada-arith/model", f"{ck}/llada-arith"),
+            training=True),
+        Job("train_bd3lm", "experiments.train_bd3lm",
+            ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--out", f"{work}/bd3lm-arith-16"),
+            "embedded BD3-LM, L'=16 (fine-tune of the phase-1 model)", ("checkpoints/bd3lm-arith-16/config.json",),
+            after=("train_llada_p1",), cost_min=7, export=(f"{work}/bd3lm-arith-16/model", f"{ck}/bd3lm-arith-16"),
+            training=True),
+        Job("train_ppl_a", "experiments.perplexity", (*ppl, "--models", "ar", "bd4", "bd8"),
+            "perplexity ladder models AR, L'=4, L'=8",
+            tuple(f"checkpoints/perplexity-laptop-{m}/config.json" for m in ("ar", "bd4", "bd8")),
+            cost_min=45, training=True),
+        Job("train_ppl_b", "experiments.perplexity", (*ppl, "--models", "bd16", "mdlm"),
+            "perplexity ladder models L'=16, MDLM",
+            tuple(f"checkpoints/perplexity-laptop-{m}/config.json" for m in ("bd16", "mdlm")),
+            cost_min=30, training=True),
+    ]
+
+
+def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -> list[Job]:
+    """Every job, training first; ``out``/``work`` are paths as the commands should show them."""
+    ck = f"{out}/checkpoints" if full else "results/checkpoints"
+    llada, bd3 = f"{ck}/llada-arith", f"{ck}/bd3lm-arith-16"
+    after_llada = ("train_llada",) if full else ()
+    after_bd3 = ("train_llada", "train_bd3lm") if full else ()
+    jobs = training_jobs(out, work)
+
+    tb = ("--model", llada, "--out", f"{out}/testbed")
+    testbed = [  # (name, configs, shots, n, cost)
+        ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
+        ("testbed_pure", ("pure",), 0, 200, 16.8),
+        ("testbed_fewshot", ("semiar32",), 4, 100, 13.4),
+        ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8"), 0, 100, 7.2),
+    ]
+    for name, configs, k, n, cost in testbed:
+        jobs.append(Job(name, "experiments.testbed", ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),
+                        f"testbed samples: {', '.join(configs)}, {k}-shot, gen 256",
+                        samples=tuple(f"testbed/{c}_k{k}.jsonl" for c in configs), always=True,
+                        after=after_llada, cost_min=cost * _cap(n, limit) / n))
+    jobs.append(Job("testbed_report", "experiments.testbed",
+                    ("--report-only", "--fewshot", 0, 4, "--n", _cap(500, limit), *tb),
+                    "testbed table: semi-AR vs pure diffusion, first-EOS step, tokens/step, few-shot",
+                    ("testbed/testbed.md", "testbed/testbed.json"), always=True,
+                    after=tuple(t[0] for t in testbed)))
+
+    gsm = [  # (dir, n, gen, shots, strategies, cost)
+        ("gsm8k_arith_256", 64, 256, 0, ("table1",), 10.9),
+        ("gsm8k_arith_512", 32, 512, 0, ("baseline_semiar", "fastdllm_prefix", "fastdllm_dual",
+                                         "fastdllm_threshold", "fastdllm_dual_threshold", "bd3lm"), 17.0),
+        ("gsm8k_arith_256_4shot", 64, 256, 4, ("table1",), 20.0),
+    ]
+    for d, n, gen, shots, strategies, cost in gsm:
+        m = _cap(n, limit)
+        jobs.append(Job(d.replace("_arith", ""), "experiments.gsm8k",
+                        ("--limit", m, "--batch-size", m, "--gen-length", gen, "--block-length", 32,
+                         "--num-fewshot", shots, "--strategies", *strategies, "--model", llada,
+                         "--bd3-model", bd3, "--out", f"{out}/{d}"),
+                        f"GSM8K-format strategy comparison, gen {gen}, {shots}-shot (Fast-dLLM Table 1 layout)",
+                        tuple(f"{d}/{f}" for f in ("table.md", "table.csv", "table.json", "ablation.md",
+                                                   "ablation.csv", "pareto.png", "config.json")),
+                        (f"{d}/*.jsonl",), always=True, after=after_bd3, cost_min=cost * m / n))
+
+    ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
+    jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),
+                    "perplexity ladder eval: NELBO PPL, MC ELBO cross-check, Var(NELBO) per schedule",
+                    (), ("perplexity_laptop.jsonl",), always=True, after=ppl_after, cost_min=6))
+    jobs.append(Job("perplexity_report", "experiments.perplexity", ("report", "--preset", "laptop", "--out", out),
+                    "BD3-LM Table 3 (PPL vs block size) and Table 2 (clipped schedules) at laptop scale",
+                    ("perplexity_laptop.md", "perplexity_laptop.csv", "perplexity_laptop.png"),
+                    always=True, after=("perplexity_eval",)))
+
+    cost = [  # (name, prompt, gen, block, steps, tokens/step, model)
+        ("llada8b_p1000_g256", 1000, 256, 32, 256, 4, None),
+        ("llada-arith_p220_g256", 220, 256, 32, 256, 8, llada),
+    ]
+    for name, P, G, B, K, R, model in cost:
+        base = f"{out}/compute_cost/{name}"
+        jobs.append(Job(f"cost_{name}", "experiments.compute_cost",
+                        ("--prompt", P, "--gen", G, "--block", B, "--steps", K, "--tokens-per-step", R,
+                         *(("--model", model) if model else ()), "--md", f"{base}.md", "--json", f"{base}.json",
+                         "--plot", f"{base}.png"),
+                        f"passes / positions / FLOPs per sampler, prompt {P}, gen {G} "
+                        f"({'LLaDA-8B shape' if model is None else 'embedded model'})",
+                        tuple(f"compute_cost/{name}.{e}" for e in ("md", "json", "png")), after=after_llada))
+
+    for cache in ("dual", "prefix"):
+        run = f"llada-arith_{cache}_g128_b32"
+        jobs.append(Job(f"drift_{cache}", "experiments.drift",
+                        ("--model", llada, "--prompts", 4, "--gen", 128, "--block", 32, "--cache", cache,
+                         "--refresh", "block", "every:4", "every:1", "--run", run, "--out-dir", f"{out}/drift"),
+                        f"Fast-dLLM {cache}-cache drift vs exact recomputation (K/V cos, KL, first divergence)",
+                        (f"drift/{run}.json", f"drift/{run}.md", f"drift/{run}/k_cos_by_layer.png",
+                         f"drift/{run}/kl_by_step.png"), after=after_llada, cost_min=1.0))
+
+    traces = [  # (name, strategy args, model)
+        ("baseline_pure_g64", ("--strategy", "baseline", "--block-length", 64), llada),
+        ("baseline_semiar16_g64", ("--strategy", "baseline", "--block-length", 16), llada),
+        ("fastdllm_dual_t0.9_g64", ("--strategy", "fastdllm", "--cache", "dual", "--threshold", 0.9,
+                                    "--block-length", 16), llada),
+        ("bd3lm_g64", ("--strategy", "bd3lm", "--block-length", 16), bd3),
+    ]
+    for name, strategy, model in traces:
+        jobs.append(Job(f"trace_{name}", "experiments.trace",
+                        ("--model", model, "--prompt", TRACE_PROMPT, "--gen-length", 64, *strategy,
+                         "--out", f"{out}/trace/{name}.png", "--replay-out", f"{out}/trace/{name}.txt"),
+                        "denoising order: step that committed each position (heatmap + text replay)",
+                        (f"trace/{name}.png", f"trace/{name}.txt"),
+                        after=after_bd3 if model == bd3 else after_llada))
+    return jobs
