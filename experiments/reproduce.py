@@ -73,6 +73,18 @@ def export(job: Job) -> None:
     os.replace(tmp, dst)
 
 
+def _die_with_parent() -> None:
+    """Child setup on Linux: SIGKILL this job when the reproduce process dies (even by SIGKILL),
+    so a killed reproduction leaves no orphan appending to the JSONL files a rerun resumes."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def run_jobs(jobs: list[Job], out: Path, workers: int, logs: Path, force: bool = False,
              poll_s: float = 0.2) -> dict[str, Outcome]:
     """Run ``jobs`` on ``workers`` processes, dependencies first, the most expensive ready job
@@ -110,7 +122,8 @@ def run_jobs(jobs: list[Job], out: Path, workers: int, logs: Path, force: bool =
                     continue
                 print(f"[reproduce] {job.name}: {shlex.join(job.command())}", flush=True)
                 fh = open(logs / f"{job.name}.log", "w")
-                proc = subprocess.Popen(job.command(), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(job.command(), cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
                 running[job.name] = (proc, time.perf_counter(), fh, job)
             time.sleep(poll_s if running else 0)
     finally:
@@ -125,27 +138,44 @@ def _output(rec: dict) -> str:
     return rec.get("output", rec.get("prediction"))
 
 
+#: numeric fields compared for records without a decoded output (perplexity eval records)
+VALUES = ("ppl", "var_nelbo")
+
+
+def _compare(mine: dict, theirs: dict) -> Optional[str]:
+    """One table row for the ids in both files, or None when they share none."""
+    ids = [i for i in mine if i in theirs]
+    if not ids:
+        return None
+    if all("correct" in mine[i] and "correct" in theirs[i] for i in ids):
+        same = sum(_output(mine[i]) == _output(theirs[i]) for i in ids)
+        corr = sum(mine[i]["correct"] == theirs[i]["correct"] for i in ids)
+        acc = [100 * sum(d[i]["correct"] for i in ids) / len(ids) for d in (mine, theirs)]
+        return f"{len(ids)} | {same} identical outputs | {corr} same correctness | {acc[0]:.1f}% vs {acc[1]:.1f}%"
+    pairs = [(float(mine[i][k]), float(theirs[i][k])) for i in ids for k in VALUES
+             if k in mine[i] and k in theirs[i]]
+    if not pairs:
+        return None
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in pairs]
+    return (f"{len(pairs)} values | {sum(r <= 1e-4 for r in rel)} equal to 1e-4 | - | "
+            f"max relative difference {max(rel):.2e}")
+
+
 def verify(jobs: list[Job], out: Path, ref: Path) -> str:
     """Per-sample comparison of ``out`` with the committed ``ref``: for every id present in both,
-    is the decoded output identical and the correctness the same?"""
+    is the decoded output identical and the correctness the same (perplexity records: are the
+    PPL / Var(NELBO) values equal)?"""
     lines = ["# Reproduction check", "", f"`{rel(out)}` against `{rel(ref)}`, git {git_sha()}", "",
-             "| file | samples compared | identical output | same correctness | accuracy here | accuracy committed |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| file | compared | identical | same correctness | here vs committed |", "|---|---|---|---|---|"]
     for job in jobs:
         for pattern in job.samples:
             for path in sorted(out.glob(pattern)):
-                mine = {r["id"]: r for r in read_jsonl(path)}
-                theirs = {r["id"]: r for r in read_jsonl(ref / path.relative_to(out))} \
-                    if (ref / path.relative_to(out)).is_file() else {}
-                ids = [i for i in mine if i in theirs]
-                if not ids:
+                other = ref / path.relative_to(out)
+                if not other.is_file():
                     continue
-                same = sum(_output(mine[i]) == _output(theirs[i]) for i in ids)
-                corr = sum(mine[i]["correct"] == theirs[i]["correct"] for i in ids)
-                acc_m = sum(mine[i]["correct"] for i in ids) / len(ids)
-                acc_t = sum(theirs[i]["correct"] for i in ids) / len(ids)
-                lines.append(f"| `{path.relative_to(out)}` | {len(ids)} | {same} | {corr} | "
-                             f"{100 * acc_m:.1f}% | {100 * acc_t:.1f}% |")
+                row = _compare({r["id"]: r for r in read_jsonl(path)}, {r["id"]: r for r in read_jsonl(other)})
+                if row is not None:
+                    lines.append(f"| `{path.relative_to(out)}` | {row} |")
     return "\n".join(lines) + "\n"
 
 

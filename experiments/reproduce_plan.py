@@ -86,6 +86,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
         ("testbed_pure", ("pure",), 0, 200, 16.8),
         ("testbed_fewshot", ("semiar32",), 4, 100, 13.4),
         ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8"), 0, 100, 7.2),
+        ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8"), 0, 100, 14.0),
     ]
     for name, configs, k, n, cost in testbed:
         jobs.append(Job(name, "experiments.testbed", ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),

@@ -95,10 +95,16 @@ def test_verify_counts_identical_samples(tmp_path):
     _write(ref / "g" / "s.jsonl", [mk(0, "a", True), mk(1, "b", False), mk(2, "c", True), mk(3, "d", True)])
     _write(out / "g" / "s.jsonl", [mk(0, "a", True), mk(1, "x", True), mk(2, "y", True)])
     job = Job("g", "m", (), "test", samples=("g/*.jsonl",))
-    row = [line for line in reproduce.verify([job], out, ref).splitlines() if "s.jsonl" in line][0]
+    _write(ref / "p.jsonl", [{"id": "config"}, {"id": "ppl/ar", "ppl": 100.0}, {"id": "ppl/bd4", "ppl": 200.0}])
+    _write(out / "p.jsonl", [{"id": "config"}, {"id": "ppl/ar", "ppl": 100.0}, {"id": "ppl/bd4", "ppl": 202.0}])
+    job = Job("g", "m", (), "test", samples=("g/*.jsonl", "p.jsonl"))
+    text = reproduce.verify([job], out, ref)
+    row = [line for line in text.splitlines() if "s.jsonl" in line][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:4] == ["3", "1", "2"]  # compared, identical output, same correctness
-    assert cells[4:] == ["100.0%", "66.7%"]
+    assert cells[1:] == ["3", "1 identical outputs", "2 same correctness", "100.0% vs 66.7%"]
+    row = [line for line in text.splitlines() if "p.jsonl" in line][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["2 values", "1 equal to 1e-4"] and cells[4] == "max relative difference 1.00e-02"
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -132,3 +138,35 @@ def test_prepare_fresh_copies_perplexity_models_and_train_records(tmp_path, monk
     assert not (out / "checkpoints" / "llada-arith").exists()  # read from results/ directly
     kept = [json.loads(x)["id"] for x in (out / "perplexity_laptop.jsonl").read_text().splitlines()]
     assert kept == ["config", "train/ar"]  # the eval records are recomputed
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux only (prctl PDEATHSIG)")
+def test_jobs_die_with_a_killed_reproduce():
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    code = textwrap.dedent("""
+        import subprocess, sys, time
+        from experiments.reproduce import _die_with_parent
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=_die_with_parent)
+        print(p.pid, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = Path(f"/proc/{int(parent.stdout.readline())}/status")
+    assert "State:" in child.read_text()
+    parent.kill()  # SIGKILL: no finally block runs in the parent
+    parent.wait()
+
+    def alive() -> bool:
+        try:
+            return "(zombie)" not in child.read_text()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.time() + 10
+    while alive() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not alive()

@@ -105,3 +105,19 @@ def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
     assert repo_relative(str(REPO / "dlm")) == "dlm"
     assert repo_relative(tmp_path) == str(tmp_path)  # outside the checkout: unchanged
     assert repo_relative("GSAI-ML/LLaDA-8B-Instruct") == "GSAI-ML/LLaDA-8B-Instruct"  # hub id
+
+
+def test_tokens_per_step_table_compares_the_same_problems(tmp_path):
+    from experiments.testbed import tokens_per_step_table
+
+    def write(name, correct):
+        (tmp_path / f"{name}_k0.jsonl").write_text(
+            "".join(json.dumps({"id": f"p{i}", "correct": c}) + "\n" for i, c in enumerate(correct)))
+
+    write("semiar32", [True, True, False, True])  # 4 problems at 1 token/step
+    write("semiar32_s2", [False, True])  # only the first 2 at 2 tokens/step
+    write("semiar32_s8", [True, False])
+    lines = tokens_per_step_table(tmp_path, n=500)
+    row = next(line for line in lines if line.startswith("| semiar32 |"))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["semiar32", "2", "100.0", "50.0", "-", "50.0"]
+    assert not any(line.startswith("| pure |") for line in lines)  # no pure files: no row
