@@ -12,8 +12,8 @@ script skips the samples already written, so on a checkout with the committed re
 rebuild their tables, and a killed reproduction resumes where it stopped. The other jobs (cost
 tables, drift, traces, training) are skipped when all their artefacts exist (``--force`` reruns).
 
-``--out DIR`` other than ``results/`` recomputes everything there from the committed checkpoints
-(the perplexity ladder's bf16 checkpoints and training records are copied in, so only its eval
+``--only NAME ...`` runs just those jobs (a training job too). ``--out DIR`` other than
+``results/`` recomputes everything there from the committed checkpoints (the perplexity ladder's bf16 checkpoints and training records are copied in, so only its eval
 reruns). ``--limit N`` caps every per-sample job at its first N problems (the same ids as the
 committed runs), and ``--verify`` (default with ``--out``) compares each sample with the committed
 one: same decoded output, same correctness. ``--full`` also retrains the embedded models (two-phase
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         for j in jobs:
             print(f"{j.name:28s} {j.cost_min:5.1f} min  {shlex.join(j.command()[1:])}")
         return 0
-    selected = [j for j in jobs if (a.only is None or j.name in a.only) and (a.full or not j.training)]
+    selected = [j for j in jobs if j.name in a.only] if a.only else [j for j in jobs if a.full or not j.training]
     in_place = out.resolve() == RESULTS.resolve()
     if not in_place and not a.full:
         prepare_fresh(out)
