@@ -15,8 +15,9 @@ tables, drift, traces, training) are skipped when all their artefacts exist (``-
 ``--only NAME ...`` runs just those jobs (a training job too). ``--out DIR`` other than
 ``results/`` recomputes everything there from the committed checkpoints (the perplexity ladder's
 bf16 checkpoints and training records are copied in, so only its eval reruns). ``--limit N``
-caps every per-sample job at its first N problems (the same ids as the committed runs), and ``--verify`` (default with ``--out``) compares each sample with the committed
-one: same decoded output, same correctness. ``--full`` also retrains the embedded models (two-phase
+caps every per-sample job at its first N problems (the same ids as the committed runs), and
+``--verify`` (default with ``--out``) compares each sample with the committed one: same decoded
+output, same correctness. ``--full`` also retrains the embedded models (two-phase
 LLaDA SFT, the BD3-LM fine-tune, the five perplexity models) into ``DIR/checkpoints``; it refuses a
 directory that already holds per-sample results of other models.
 
