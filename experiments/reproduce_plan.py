@@ -99,11 +99,13 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                     ("testbed/testbed.md", "testbed/testbed.json"), always=True,
                     after=tuple(t[0] for t in testbed)))
 
+    gen512 = ("baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
+              "fastdllm_dual_threshold", "bd3lm")
     gsm = [  # (dir, n, gen, shots, strategies, cost)
         ("gsm8k_arith_256", 64, 256, 0, ("table1",), 10.9),
-        ("gsm8k_arith_512", 32, 512, 0, ("baseline_semiar", "fastdllm_prefix", "fastdllm_dual",
-                                         "fastdllm_threshold", "fastdllm_dual_threshold", "bd3lm"), 17.0),
+        ("gsm8k_arith_512", 32, 512, 0, gen512, 17.0),
         ("gsm8k_arith_256_4shot", 64, 256, 4, ("table1",), 20.0),
+        ("gsm8k_arith_512_4shot", 32, 512, 4, gen512, 18.0),
     ]
     for d, n, gen, shots, strategies, cost in gsm:
         m = _cap(n, limit)
