@@ -96,12 +96,12 @@ def report(args) -> None:
                      f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
                      f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['mean_first_eos_step']:.1f} | "
                      f"{r['mean_tokens_until_eos']:.1f} | {r['mean_prompt_length']:.0f} |")
-    lines += tokens_per_step_table(out, args.n)
+    lines += tokens_per_step_table(out, args.n, args.gen_length)
     atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def tokens_per_step_table(out: Path, n: int) -> list[str]:
+def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]:
     """Zero-shot accuracy at 1, 2, 4, 8 tokens/step on the *same* problems (the ids every file
     of that sampler has), so the rows differ only by the number of steps."""
     lines = []
@@ -113,7 +113,7 @@ def tokens_per_step_table(out: Path, n: int) -> list[str]:
             continue
         ids = set.intersection(*(set(r) for r in recs.values()))
         if not lines:
-            lines = ["", "Tokens per step on the same problems (zero-shot, gen 256):", "",
+            lines = ["", f"Tokens per step on the same problems (zero-shot, gen {gen_length}):", "",
                      "| sampler | problems | " + " | ".join(f"{2 ** i} tok/step" for i in range(4)) + " |",
                      "|---|---|---|---|---|---|"]
         cells = [f"{100 * sum(recs[m][i]['correct'] for i in ids) / max(len(ids), 1):.1f}" if m in recs else "-"
