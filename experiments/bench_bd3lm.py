@@ -22,6 +22,8 @@ import torch
 
 from bd3lm import BD3Objective, sample
 from bd3lm.loss import bd3_nelbo
+from bd3lm.masks import dense_bd3_mask, num_columns
+from dlm.stats import forward_flops
 from dlm.model import ModelConfig, Transformer
 
 
@@ -104,7 +106,23 @@ def bench_training(model, args) -> dict:
         out[backend] = res
     L, bs = args.train_len, args.block_size
     out["columns_ratio"] = (2 * L - bs) / L  # pruned [x_t | x_0 minus last block] vs [x_t]
+    out.update(flop_ratios(cfg, L, bs))
     return out
+
+
+def flop_ratios(cfg, L: int, bs: int) -> dict:
+    """FLOP ratio of the 2L objective over MDLM (forward; the backward scales alike), with the
+    attention computed densely over all N x N pairs (SDPA with a bool mask) or over exactly the
+    pairs the mask allows (the floor a block-sparse kernel such as FlexAttention approaches)."""
+    n_params = cfg.num_params(include_embeddings=False)
+    N = num_columns(L, bs)
+    allowed = int(dense_bd3_mask(L, bs).sum())
+
+    def flops(q: int, k: float) -> float:  # logits only for the L noisy columns in both objectives
+        return forward_flops(n_params, cfg.n_layers, cfg.d_model, q, k, cfg.vocab_size, L)
+
+    mdlm = flops(L, L)
+    return {"flop_ratio_dense": flops(N, N) / mdlm, "flop_ratio_sparse": flops(N, allowed / N) / mdlm}
 
 
 def bench_sampling(model, args) -> dict:
@@ -142,7 +160,8 @@ def main(argv=None) -> dict:
     train = bench_training(model, args)
     model.eval()
     print(f"(a) training step, batch {args.train_batch} x L={args.train_len}, L'={args.block_size} "
-          f"(columns {train['columns_ratio']:.2f}x MDLM)")
+          f"(columns {train['columns_ratio']:.2f}x MDLM; FLOPs {train['flop_ratio_dense']:.2f}x with dense "
+          f"attention, {train['flop_ratio_sparse']:.2f}x over the allowed pairs only)")
     for backend in ("sdpa", "flex"):
         r = train[backend]
         print(f"    {backend:5s} [{r['mode']}]: bd3 {r['bd3'] * 1e3:8.1f} ms  mdlm {r['mdlm'] * 1e3:8.1f} ms  "

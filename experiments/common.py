@@ -190,3 +190,13 @@ def merge_logs(path: Path, sources: Iterable[Path], order_key: str = "index") ->
     records = sorted(seen.values(), key=lambda r: (r.get(order_key, 0), str(r["id"])))
     atomic_write_text(Path(path), "".join(json.dumps(r) + "\n" for r in records))
     return len(records)
+
+
+def check_log_resumable(log: JsonlLog, h: str, weights: str) -> None:
+    """Samples already in ``log`` must come from this config and these weights (older records carry
+    no weights and pass on the config hash alone)."""
+    hashes = {r.get("config_hash") for r in log.records} - {h}
+    other = {r["model_weights"] for r in log.records if r.get("model_weights")} - {weights}
+    if hashes or other:
+        raise ValueError(f"--out: {log.path} holds samples of config {sorted(map(str, hashes))} / weights "
+                         f"{sorted(other)}, this run is config {h}, weights {weights}: delete it or use another --out")

@@ -90,6 +90,7 @@ class Loaded:
     tokenizer: object
     source: str
     bd3: object = None
+    weights: Optional[str] = None  # dlm.checkpoints.weights_fingerprint of the checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,7 +200,7 @@ def load_shots(cfg: HarnessConfig) -> list[Problem]:
 # ------------------------------------------------------------------------------------- models
 def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[Optional[Loaded], Optional[Loaded]]:
     """The --model (for baseline / fastdllm strategies) and --bd3-model (for bd3lm) it needs."""
-    from dlm.checkpoints import load_model
+    from dlm.checkpoints import load_model, weights_fingerprint
 
     main = bd3 = None
     auto = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -208,14 +209,15 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
         model, tok = load_model(cfg.model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
-        main = Loaded(model, tok, repo_relative(cfg.model))
+        main = Loaded(model, tok, repo_relative(cfg.model), weights=weights_fingerprint(cfg.model))
     if any(s.kind == "bd3lm" for s in strategies):
         from bd3lm import BD3LM
 
         wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
-        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config)
+        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config,
+                     weights_fingerprint(cfg.bd3_model))
     return main, bd3
 
 
@@ -265,6 +267,13 @@ def check_resumable(job: Job, path: Path) -> dict[str, dict]:
     if other:
         raise ValueError(f"--out: {path} holds {job.strategy.name} results with config hash(es) "
                          f"{sorted(map(str, other))}, this run's is {job.config_hash}; use another --out")
+    # the config names the model by path; a retrained checkpoint at the same path must not be
+    # resumed into old samples (records from before weights were recorded carry none)
+    weights = {r["model_weights"] for r in done.values() if r.get("model_weights")} - {job.loaded.weights}
+    if weights and job.loaded.weights is not None:
+        raise ValueError(f"--out: {path} holds {job.strategy.name} samples of other weights {sorted(weights)} "
+                         f"at {job.loaded.source} (now {job.loaded.weights}): the checkpoint changed; "
+                         f"delete that file or use another --out")
     return done
 
 
@@ -294,7 +303,7 @@ def _records(job: Job, problems, idx: list[int], out, mask, seconds: float, done
             "nfe": st.nfe, "positions_computed": st.positions_computed,
             "tokens_until_eos": int(st.tokens_until_eos[row]), "tokens_committed": st.tokens_committed,
             "steps": st.steps, "first_eos_step": int(first_eos[row]), "seconds": seconds,
-            "batch_rows": len(idx), "factors": factors, "git_sha": sha})
+            "batch_rows": len(idx), "factors": factors, "git_sha": sha, "model_weights": job.loaded.weights})
     return records
 
 
@@ -348,7 +357,8 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
     prev = json.loads(path.read_text()) if path.is_file() else {}
     strategies = dict(prev.get("strategies", {}))
     for j in jobs:
-        strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config}
+        strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config,
+                                       "model_weights": j.loaded.weights}
     meta = {"git_sha": sha, "argv": sys.argv[1:], "baseline": cfg.baseline, "strategies": strategies}
     atomic_write_text(path, json.dumps(meta, indent=2, default=str) + "\n")
 

@@ -6,8 +6,9 @@
 Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, greedy):
   semiar32        blocks of 32, steps = G        (1 token / step)
   pure            block_length = G, steps = G    (pure diffusion, 1 token / step)
-  semiar32_s2/4/8 blocks of 32, steps = G/2, G/4, G/8 (2, 4, 8 tokens / step)
-  pure_s2/4/8     pure diffusion with G/2, G/4, G/8 steps
+  semiar32_sD     blocks of 32, steps = G/D for D in 2, 4, 8, 16, 32 (D tokens / step; D = 32
+                  decodes each block of 32 in one step)
+  pure_sD         pure diffusion with G/D steps
 
 Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl`` (resumable); the table
 ``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI, mean step of the first EOS
@@ -23,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from dlm.checkpoints import load_model
+from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sampling import generate
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems, wilson_ci
-from experiments.common import JsonlLog, arith_config_of, repo_relative, atomic_write_text, config_hash, git_sha
+from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, check_log_resumable, config_hash,
+                                git_sha, repo_relative)
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 CONFIGS = {
@@ -35,7 +37,10 @@ CONFIGS = {
     "semiar32_s2": dict(block=32, div=2), "semiar32_s4": dict(block=32, div=4),
     "semiar32_s8": dict(block=32, div=8), "pure_s2": dict(block=None, div=2),
     "pure_s4": dict(block=None, div=4), "pure_s8": dict(block=None, div=8),
+    "semiar32_s16": dict(block=32, div=16), "semiar32_s32": dict(block=32, div=32),
+    "pure_s16": dict(block=None, div=16), "pure_s32": dict(block=None, div=32),
 }
+DIVS = (1, 2, 4, 8, 16, 32)
 
 
 def sampler_kwargs(name: str, gen_length: int) -> dict:
@@ -46,6 +51,7 @@ def sampler_kwargs(name: str, gen_length: int) -> dict:
 def run(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype=torch.float32)
+    weights = weights_fingerprint(args.model)
     arith = arith_config_of(args.model)
     problems = generate_problems(arith, args.n, split="test", seed=args.seed)
     out = Path(args.out)
@@ -56,11 +62,13 @@ def run(args) -> None:
             log = JsonlLog(out / f"{name}_k{k}.jsonl")
             todo = [p for p in problems if p.id not in log.done]
             h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed})
+            check_log_resumable(log, h, weights)
             t0 = time.time()
             for lo in range(0, len(todo), args.batch_size):
                 chunk = todo[lo:lo + args.batch_size]
                 r = evaluate_problems(model, tok, chunk, generate, batch_size=args.batch_size, shots=shots, **kw)
-                log.append({**rec, "strategy": name, "shots": k, "config_hash": h, "seed": args.seed}
+                log.append({**rec, "strategy": name, "shots": k, "config_hash": h, "seed": args.seed,
+                            "model_weights": weights}
                            for rec in r["records"])
                 acc = sum(x["correct"] for x in log.records) / len(log.records)
                 print(f"{name} k={k}: {len(log.records)}/{len(problems)} acc={acc:.3f} "
@@ -102,11 +110,11 @@ def report(args) -> None:
 
 
 def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]:
-    """Zero-shot accuracy at 1, 2, 4, 8 tokens/step on the *same* problems (the ids every file
+    """Zero-shot accuracy at 1, 2, 4, ... tokens/step on the *same* problems (the ids every file
     of that sampler has), so the rows differ only by the number of steps."""
     lines = []
     for base in ("semiar32", "pure"):
-        names = [base] + [f"{base}_s{d}" for d in (2, 4, 8)]
+        names = [base] + [f"{base}_s{d}" for d in DIVS[1:]]
         recs = {m: {r["id"]: r for r in JsonlLog(out / f"{m}_k0.jsonl").records[:n]}
                 for m in names if (out / f"{m}_k0.jsonl").exists()}
         if len(recs) < 2:
@@ -114,8 +122,8 @@ def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]
         ids = set.intersection(*(set(r) for r in recs.values()))
         if not lines:
             lines = ["", f"Tokens per step on the same problems (zero-shot, gen {gen_length}):", "",
-                     "| sampler | problems | " + " | ".join(f"{2 ** i} tok/step" for i in range(4)) + " |",
-                     "|---|---|---|---|---|---|"]
+                     "| sampler | problems | " + " | ".join(f"{d} tok/step" for d in DIVS) + " |",
+                     "|---|---|" + "---|" * len(DIVS)]
         cells = [f"{100 * sum(recs[m][i]['correct'] for i in ids) / max(len(ids), 1):.1f}" if m in recs else "-"
                  for m in names]
         lines.append(f"| {base} | {len(ids)} | " + " | ".join(cells) + " |")

@@ -21,7 +21,7 @@ import torch
 
 from bd3lm import BD3LM, ClipSchedule, sample
 from dlm.checkpoints import load_model
-from dlm.tasks import generate_problems
+from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, train
@@ -40,7 +40,9 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--response-length", type=int, default=64, help="multiple of --block-size")
-    p.add_argument("--fewshot-prob", type=float, default=0.25)
+    p.add_argument("--fewshot-prob", type=float, default=0.25, help="share of batches with 1..--max-shots "
+                   "worked examples before the question (one k per batch)")
+    p.add_argument("--max-shots", type=int, default=8)
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--omega", type=float, default=1.0)
     p.add_argument("--ema", type=float, default=0.99)
@@ -58,13 +60,19 @@ def main(argv=None) -> None:
     bd3 = BD3LM(model, args.block_size, ClipSchedule(args.beta, args.omega), align="prompt")
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=(args.response_length,), response_probs=(1.0,),
-                                         fewshot_prob=args.fewshot_prob))
+                                         fewshot_prob=args.fewshot_prob, max_shots=args.max_shots,
+                                         shots_per_batch=True))
     held_out = generate_problems(arith, 64, split="test", seed=12345)
 
+    shots = fewshot_examples(arith, k=4, seed=0)
+
     def eval_fn(m) -> dict:
-        r = evaluate_problems(m, tok, held_out, sample, batch_size=64, block_size=args.block_size,
-                              gen_length=args.response_length, steps_per_block=args.block_size, align="prompt")
-        return {"acc": r["accuracy"]}
+        acc = {}
+        for name, k_shots in (("acc", ()), ("acc_4shot", shots)):
+            r = evaluate_problems(m, tok, held_out, sample, batch_size=64, shots=k_shots, block_size=args.block_size,
+                                  gen_length=args.response_length, steps_per_block=args.block_size, align="prompt")
+            acc[name] = r["accuracy"]
+        return acc
 
     def save_fn(m, tokenizer, d) -> None:
         from bd3lm import save_bd3

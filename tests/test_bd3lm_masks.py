@@ -118,3 +118,19 @@ def test_block_independence(P):
     earlier = x0.clone()
     earlier[:, (b - 1) * bs] = (earlier[:, (b - 1) * bs] + 1) % cfg.mask_token_id
     assert (logits(earlier) - base).abs().max() > 1e-6
+
+
+def test_training_flop_ratios_of_the_benchmark():
+    """The benchmark's FLOP floors: one block (L' = L) is MDLM exactly; the allowed-pairs count is
+    below the dense count and equals the brute-force count of the mask."""
+    from experiments.bench_bd3lm import flop_ratios
+    from tests.tiny import tiny_config
+
+    cfg = tiny_config()
+    one = flop_ratios(cfg, 16, 16)
+    assert one["flop_ratio_dense"] == pytest.approx(1.0) and one["flop_ratio_sparse"] == pytest.approx(1.0)
+    r = flop_ratios(cfg, 32, 4)
+    assert 1.0 < r["flop_ratio_sparse"] < r["flop_ratio_dense"] < 2 * 32 / 32 + 1
+    N = num_columns(32, 4)
+    pairs = sum(bool(bd3_mask(torch.tensor(q), torch.tensor(k), 32, 4)) for q in range(N) for k in range(N))
+    assert pairs == int(dense_bd3_mask(32, 4).sum())

@@ -219,3 +219,19 @@ def test_bad_checkpoints(tmp_path):
         load_model(tmp_path / "does-not-exist")
     with pytest.raises(TypeError, match="dtype"):
         load_model(tmp_path / "ok", dtype="float13")
+
+
+def test_weights_fingerprint_follows_content_not_path(tmp_path):
+    from dlm.checkpoints import weights_fingerprint
+
+    model = tiny_model()
+    a = save_model(model, None, tmp_path / "a")
+    b = save_model(model, None, tmp_path / "b")
+    assert weights_fingerprint(a) == weights_fingerprint(b)
+    assert weights_fingerprint(a, full_limit=64) == weights_fingerprint(b, full_limit=64)  # sampled mode
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1.0
+    save_model(model, None, b)
+    assert weights_fingerprint(a) != weights_fingerprint(b)
+    with pytest.raises(FileNotFoundError):
+        weights_fingerprint(tmp_path / "missing")

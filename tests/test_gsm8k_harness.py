@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from dlm import save_model
-from dlm.model import ModelConfig, Transformer
 from experiments import gsm8k, report
 from experiments.common import encode_question, merge_logs, read_jsonl
 from experiments.strategies import GRIDS, STRATEGIES, Settings, Strategy, build_call, resolve
+from tiny import tokenizer_model
 
 REPO = Path(__file__).resolve().parents[1]
 TWO = ["baseline_semiar", "fastdllm_dual_threshold"]
@@ -51,11 +51,7 @@ def ckpt(tmp_path_factory) -> Path:
     from dlm.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    cfg = ModelConfig(vocab_size=len(tok), d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
-                      max_seq_len=96, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    model = Transformer(cfg)
-    model.reset_parameters(std=0.3, generator=torch.Generator().manual_seed(0))
+    model = tokenizer_model(tok)
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] *= 4  # some rows stop early
     return save_model(model, tok, tmp_path_factory.mktemp("ckpt") / "tiny")
@@ -172,6 +168,26 @@ def test_rerun_skips_done_ids_and_merge_dedups(ckpt, tmp_path):
     first = main.read_text()
     assert merge_logs(main, [r0, r1]) == 4 and main.read_text() == first
     assert [r["id"] for r in read_jsonl(main)] == [r["id"] for r in recs]
+
+
+def test_retrained_checkpoint_at_the_same_path_is_not_resumed(ckpt, tmp_path):
+    """The config names the model by path; the weights fingerprint in every record stops a rerun
+    after the checkpoint was replaced from silently keeping the old model's samples."""
+    from dlm.checkpoints import load_model, save_model as save
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(ckpt, model_dir)
+    out = tmp_path / "o"
+    run(model_dir, out, "--limit", "2")
+    rec = read_jsonl(out / "baseline_semiar.jsonl")[0]
+    assert rec["model_weights"] and json.loads((out / "config.json").read_text())[
+        "strategies"]["baseline_semiar"]["model_weights"] == rec["model_weights"]
+    model, tok = load_model(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.01)  # "retrained"
+    save(model, tok, model_dir)
+    with pytest.raises(ValueError, match="checkpoint changed"):
+        run(model_dir, out, "--limit", "2")
 
 
 def test_throughput_definition(ckpt, tmp_path):

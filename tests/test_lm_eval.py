@@ -16,21 +16,17 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from dlm import save_model  # noqa: E402
-from dlm.model import ModelConfig, Transformer  # noqa: E402
+from dlm.model import Transformer  # noqa: E402
 from dlm.sampling import GenerateOutput, generate  # noqa: E402
 from experiments import lm_eval_models as lem  # noqa: E402
+from tiny import tokenizer_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 
 
 def _tiny(tok, seed=0) -> Transformer:
-    cfg = ModelConfig(vocab_size=len(tok), d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
-                      max_seq_len=96, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    model = Transformer(cfg)
-    model.reset_parameters(std=0.3, generator=torch.Generator().manual_seed(seed))
-    return model.double()
+    return tokenizer_model(tok, seed, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,56 @@ def test_tokens_per_step_table_compares_the_same_problems(tmp_path):
     write("semiar32", [True, True, False, True])  # 4 problems at 1 token/step
     write("semiar32_s2", [False, True])  # only the first 2 at 2 tokens/step
     write("semiar32_s8", [True, False])
+    write("semiar32_s32", [False, False, True])
     lines = tokens_per_step_table(tmp_path, n=500)
     row = next(line for line in lines if line.startswith("| semiar32 |"))
-    assert [c.strip() for c in row.strip("|").split("|")] == ["semiar32", "2", "100.0", "50.0", "-", "50.0"]
+    assert [c.strip() for c in row.strip("|").split("|")] == ["semiar32", "2", "100.0", "50.0", "-", "50.0", "-",
+                                                              "0.0"]
+    header = next(line for line in lines if line.startswith("| sampler |"))
+    assert header.count("|") == row.count("|") == lines[lines.index(header) + 1].count("|")
     assert not any(line.startswith("| pure |") for line in lines)  # no pure files: no row
+
+
+def test_sft_batches_few_shot_with_one_response_length(tok):
+    """A single response length (the BD3-LM recipe) must still get few-shot prompts; with several
+    lengths the longest never does. (Before the fix a single length silently never took shots.)"""
+    g = torch.Generator().manual_seed(0)
+    one = SFTBatches(tok, SFTDataConfig(batch_size=2, response_lengths=(64,), response_probs=(1.0,),
+                                        fewshot_prob=1.0))
+    question = "Question:"
+    for step in range(3):
+        row = tok.decode(one(step, g)["input_ids"][0].tolist())
+        assert row.count(question) >= 2, row  # k >= 1 worked examples before the question
+    none = SFTBatches(tok, SFTDataConfig(batch_size=2, response_lengths=(64,), response_probs=(1.0,),
+                                         fewshot_prob=0.0))
+    assert tok.decode(none(0, g)["input_ids"][0].tolist()).count(question) == 1
+    two = SFTBatches(tok, SFTDataConfig(batch_size=2, response_lengths=(16, 64), response_probs=(0.0, 1.0),
+                                        fewshot_prob=1.0))
+    assert tok.decode(two(0, g)["input_ids"][0].tolist()).count(question) == 1
+
+
+def test_sft_batches_one_shot_count_per_batch(tok):
+    data = SFTBatches(tok, SFTDataConfig(batch_size=6, response_lengths=(32,), response_probs=(1.0,),
+                                         fewshot_prob=1.0, shots_per_batch=True))
+    g = torch.Generator().manual_seed(3)
+    counts = set()
+    for step in range(4):
+        ids = data(step, g)["input_ids"]
+        per_row = {tok.decode(row.tolist()).count("Question:") for row in ids}
+        assert len(per_row) == 1  # the same k in every row of a batch
+        counts |= per_row
+    assert len(counts) > 1  # ... drawn afresh per batch
+    with pytest.raises(ValueError, match="max_shots"):
+        SFTDataConfig(max_shots=0)
+
+
+def test_testbed_refuses_samples_of_other_weights(tmp_path):
+    from experiments.common import check_log_resumable
+
+    log = JsonlLog(tmp_path / "x.jsonl")
+    log.append([{"id": "a", "config_hash": "h1", "model_weights": "w1"}, {"id": "b", "config_hash": "h1"}])
+    check_log_resumable(log, "h1", "w1")
+    with pytest.raises(ValueError, match="weights"):
+        check_log_resumable(log, "h1", "w2")
+    with pytest.raises(ValueError, match="config"):
+        check_log_resumable(log, "h2", "w1")

@@ -27,8 +27,12 @@ class SFTDataConfig:
     batch_size: int = 64
     response_lengths: tuple[int, ...] = (48, 256, 512)
     response_probs: tuple[float, ...] = (0.8, 0.15, 0.05)
-    fewshot_prob: float = 0.25  # share of batches with k-shot prompts (never with the longest R)
+    fewshot_prob: float = 0.25  # share of batches with k-shot prompts (not with the longest of several R)
     max_shots: int = 8
+    # one shot count k per batch instead of per row: prompt lengths in a batch then differ only by
+    # question lengths, so a layout that starts the response after the *shortest* prompt (BD3-LM's
+    # block-aligned SFT) does not turn a long-prompt/short-prompt mix into hundreds of EOS columns
+    shots_per_batch: bool = False
     short_steps: int = 0  # curriculum: steps [0, short_steps) use min(response_lengths), no shots
 
     def __post_init__(self) -> None:
@@ -40,6 +44,8 @@ class SFTDataConfig:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if isinstance(self.short_steps, bool) or not isinstance(self.short_steps, int) or self.short_steps < 0:
             raise ValueError(f"short_steps must be an int >= 0, got {self.short_steps!r}")
+        if isinstance(self.max_shots, bool) or not isinstance(self.max_shots, int) or self.max_shots < 1:
+            raise ValueError(f"max_shots must be an int >= 1, got {self.max_shots!r}")
         if not 0 <= self.fewshot_prob <= 1:
             raise ValueError(f"fewshot_prob must lie in [0, 1], got {self.fewshot_prob}")
 
@@ -75,6 +81,13 @@ class SFTBatches:
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id")
 
+    def shots_allowed(self, response_len: int) -> bool:
+        """Few-shot prompts go with every response length but the longest (which bounds the row
+        length) -- unless there is only one length, which then takes them all. (The generator draws
+        exactly as before a single length could take shots, so older recipes replay bit for bit.)"""
+        lengths = self.cfg.response_lengths
+        return response_len < max(lengths) or (len(set(lengths)) == 1 and self.cfg.fewshot_prob > 0)
+
     def __call__(self, step: int, generator: torch.Generator) -> dict:
         cfg = self.cfg
         r = torch.multinomial(torch.tensor(cfg.response_probs), 1, generator=generator).item()
@@ -82,13 +95,15 @@ class SFTBatches:
         response_len = min(cfg.response_lengths) if short else cfg.response_lengths[r]
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         problems = generate_problems(cfg.arith, cfg.batch_size, split="train", seed=seed)
-        use_shots = response_len < max(cfg.response_lengths) and \
+        use_shots = self.shots_allowed(response_len) and \
             float(torch.rand((), generator=generator)) < cfg.fewshot_prob and not short
         prompts = []
+        k_batch = int(torch.randint(1, cfg.max_shots + 1, (1,), generator=generator)) \
+            if use_shots and cfg.shots_per_batch else None
         for i, pr in enumerate(problems):
             shots = ()
             if use_shots:
-                k = int(torch.randint(1, cfg.max_shots + 1, (1,), generator=generator))
+                k = k_batch or int(torch.randint(1, cfg.max_shots + 1, (1,), generator=generator))
                 shots = generate_problems(cfg.arith, k, split="train", seed=seed + 7919 * (i + 1))
             prompts.append(encode_prompt(self.tok, pr.question, shots))
         answers = [encode_answer(self.tok, pr.answer) for pr in problems]
