@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 #: a held-out problem of the embedded task (``generate_problems(..., split="test", seed=0)[0]``)
+#: block sizes of the embedded BD3-LM models (bd3lm-arith-<L'>); the GSM8K tables use L'=16
+BD3_BLOCKS = (4, 8, 16)
+#: stage 2 of the BD3-LM recipe: small batches, many steps, 1-8 worked examples in 60% of them
+BD3_STAGE2 = ("--batch-size", 16, "--steps", 1200, "--warmup", 30, "--fewshot-prob", 0.6, "--eval-every", 300)
 TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
 
 
@@ -56,11 +60,18 @@ def training_jobs(out: str, work: str) -> list[Job]:
             "embedded LLaDA-style model (phase 2: long EOS tails)", ("checkpoints/llada-arith/config.json",),
             after=("train_llada_p1",), cost_min=14, export=(f"{work}/llada-arith/model", f"{ck}/llada-arith"),
             training=True),
-        Job("train_bd3lm", "experiments.train_bd3lm",
-            ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--out", f"{work}/bd3lm-arith-16"),
-            "embedded BD3-LM, L'=16 (fine-tune of the phase-1 model)", ("checkpoints/bd3lm-arith-16/config.json",),
-            after=("train_llada_p1",), cost_min=7, export=(f"{work}/bd3lm-arith-16/model", f"{ck}/bd3lm-arith-16"),
-            training=True),
+        Job("train_bd3lm_s1", "experiments.train_bd3lm",
+            ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--fewshot-prob", 0,
+             "--out", f"{work}/bd3lm-arith-16-s1"),
+            "BD3-LM stage 1: block-causal L'=16 fine-tune of the phase-1 model, zero-shot prompts",
+            (f"{work}/bd3lm-arith-16-s1/model/config.json",), after=("train_llada_p1",), cost_min=7, training=True),
+        *(Job(f"train_bd3lm_{b}", "experiments.train_bd3lm",
+              ("--init", f"{work}/bd3lm-arith-16-s1/model", "--block-size", b, *BD3_STAGE2,
+               "--out", f"{work}/bd3lm-arith-{b}"),
+              f"embedded BD3-LM, L'={b} (stage 2: 60% of the batches few-shot)",
+              (f"checkpoints/bd3lm-arith-{b}/config.json",), after=("train_bd3lm_s1",), cost_min=25,
+              export=(f"{work}/bd3lm-arith-{b}/model", f"{ck}/bd3lm-arith-{b}"), training=True)
+          for b in BD3_BLOCKS),
         Job("train_ppl_a", "experiments.perplexity", (*ppl, "--models", "ar", "bd4", "bd8"),
             "perplexity ladder models AR, L'=4, L'=8",
             tuple(f"checkpoints/perplexity-laptop-{m}/config.json" for m in ("ar", "bd4", "bd8")),
@@ -77,7 +88,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     ck = f"{out}/checkpoints" if full else "results/checkpoints"
     llada, bd3 = f"{ck}/llada-arith", f"{ck}/bd3lm-arith-16"
     after_llada = ("train_llada",) if full else ()
-    after_bd3 = ("train_llada", "train_bd3lm") if full else ()
+    after_bd3 = ("train_llada", "train_bd3lm_16") if full else ()
     jobs = training_jobs(out, work)
 
     tb = ("--model", llada, "--out", f"{out}/testbed")
@@ -85,8 +96,9 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
         ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
         ("testbed_pure", ("pure",), 0, 200, 16.8),
         ("testbed_fewshot", ("semiar32",), 4, 100, 13.4),
-        ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8"), 0, 100, 7.2),
-        ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8"), 0, 100, 14.0),
+        ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"),
+         0, 100, 8.0),
+        ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),
     ]
     for name, configs, k, n, cost in testbed:
         jobs.append(Job(name, "experiments.testbed", ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),
@@ -117,6 +129,21 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                         tuple(f"{d}/{f}" for f in ("table.md", "table.csv", "table.json", "ablation.md",
                                                    "ablation.csv", "pareto.png", "config.json")),
                         (f"{d}/*.jsonl",), always=True, after=after_bd3, cost_min=cost * m / n))
+
+    blocks = f"{out}/bd3lm_blocks"
+    for b in BD3_BLOCKS:
+        n = _cap(500, limit)
+        jobs.append(Job(f"bd3lm_blocks_{b}", "experiments.bd3_blocks",
+                        ("--models", f"{ck}/bd3lm-arith-{b}", "--n", n, "--uncached", _cap(100, limit),
+                         "--fewshot", 0, 4, "--out", blocks),
+                        f"embedded BD3-LM L'={b}: 0/4-shot accuracy, cached vs uncached outputs and time",
+                        samples=tuple(f"bd3lm_blocks/L{b}_k{k}{u}.jsonl" for k in (0, 4) for u in ("", "_uncached")),
+                        always=True, after=(f"train_bd3lm_{b}",) if full else (), cost_min=3.0 * n / 500))
+    jobs.append(Job("bd3lm_blocks_report", "experiments.bd3_blocks",
+                    ("--report-only", "--models", *(f"{ck}/bd3lm-arith-{b}" for b in BD3_BLOCKS),
+                     "--n", _cap(500, limit), "--out", blocks),
+                    "embedded BD3-LM by block size (table)", ("bd3lm_blocks/table.md", "bd3lm_blocks/table.json"),
+                    always=True, after=tuple(f"bd3lm_blocks_{b}" for b in BD3_BLOCKS)))
 
     ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
     jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),

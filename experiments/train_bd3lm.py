@@ -79,7 +79,7 @@ def main(argv=None) -> None:
 
         save_bd3(m, tokenizer, d, bd3.bd3_config, dtype=torch.bfloat16)
         meta = json.loads((Path(d) / "config.json").read_text())
-        meta.setdefault("extra", {})["arith"] = asdict(arith)
+        meta.setdefault("extra", {}).update(arith=asdict(arith), recipe="bd3lm-sft", args=vars(args))
         (Path(d) / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     cfg = TrainConfig(out_dir=out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlm.sampling import generate
-from dlm.tasks import ArithConfig, generate_problems
+from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems, left_pad, wilson_ci
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from dlm.tokenizer import build_tokenizer
@@ -83,20 +83,26 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
     assert all(x["extracted"] is not None for x in r["records"][:8])
 
 
-def test_shipped_bd3lm_checkpoint_solves_problems():
-    """The committed block-diffusion model (exact KV cache, stops at the first EOS block) solves
-    held-out problems too, and never decodes past the block that holds EOS."""
-    ckpt = CKPT.parent / "bd3lm-arith-16"
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
+    """The committed block-diffusion models (exact KV cache, stop at the first EOS block) solve
+    held-out problems zero-shot and with 4 worked examples (before the few-shot fix in
+    ``dlm.tasks.sft_data`` BD3-LM never saw a few-shot prompt and scored 0% 4-shot), and never
+    decode past the block that holds EOS."""
+    ckpt = CKPT.parent / f"bd3lm-arith-{block_size}"
     assert ckpt.is_dir(), f"embedded BD3-LM checkpoint {ckpt} is missing"
     from bd3lm import BD3LM, sample
     from experiments.common import arith_config_of
     bd3, mtok = BD3LM.load(ckpt)
-    assert bd3.block_size == 16
-    problems = generate_problems(arith_config_of(ckpt), 16, split="test", seed=777)
-    r = evaluate_problems(bd3.model, mtok, problems, sample, batch_size=16, block_size=16,
-                          gen_length=128, steps_per_block=16, align=bd3.align, stop_at_eos=True)
-    assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
-    assert all(x["tokens_until_eos"] <= 48 for x in r["records"]), "decoded past the EOS block"
+    assert bd3.block_size == block_size
+    arith = arith_config_of(ckpt)
+    problems = generate_problems(arith, 16, split="test", seed=777)
+    for shots, floor in (((), 0.5), (fewshot_examples(arith, 4, seed=777), 0.3)):
+        r = evaluate_problems(bd3.model, mtok, problems, sample, batch_size=16, shots=shots, block_size=block_size,
+                              gen_length=128, steps_per_block=block_size, align=bd3.align, stop_at_eos=True)
+        assert r["accuracy"] >= floor, (len(shots), [x["prediction"] for x in r["records"]])
+        limit = -(-22 // block_size) * block_size  # answers are <= 21 tokens + EOS
+        assert all(x["tokens_until_eos"] <= limit for x in r["records"]), "decoded past the EOS block"
 
 
 def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
