@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -26,9 +25,9 @@ import torch
 from bd3lm import BD3LM, sample
 from dlm.checkpoints import weights_fingerprint
 from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.evaluate import evaluate_problems, wilson_ci
-from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, check_log_resumable,
-                                config_hash, git_sha, repo_relative)
+from dlm.tasks.evaluate import wilson_ci
+from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
+                                git_sha, repo_relative)
 
 DEFAULT_MODELS = [str(REPO / "results" / "checkpoints" / f"bd3lm-arith-{b}") for b in (4, 8, 16)]
 
@@ -54,17 +53,10 @@ def run(args) -> None:
                 kw = sampler_kwargs(L, args.gen_length, use_cache)
                 log = JsonlLog(out / f"L{L}_k{k}{'' if use_cache else '_uncached'}.jsonl")
                 h = config_hash({"model": repo_relative(path), **kw, "shots": k, "seed": args.seed})
-                check_log_resumable(log, h, weights)
-                todo = [p for p in problems[:n] if p.id not in log.done]
-                t0 = time.time()
-                for lo in range(0, len(todo), args.batch_size):
-                    chunk = todo[lo:lo + args.batch_size]
-                    r = evaluate_problems(model, tok, chunk, sample, batch_size=args.batch_size, shots=shots, **kw)
-                    log.append({**rec, "block_size": L, "shots": k, "use_cache": use_cache, "config_hash": h,
-                                "seed": args.seed, "model_weights": weights} for rec in r["records"])
-                    acc = sum(x["correct"] for x in log.records) / len(log.records)
-                    print(f"L'={L} k={k} cache={use_cache}: {len(log.records)}/{n} acc={acc:.3f} "
-                          f"({time.time() - t0:.0f}s)", flush=True)
+                evaluate_resumable(log, problems[:n], model, tok, sample, cfg_hash=h, weights=weights,
+                                   seed=args.seed, tags={"block_size": L, "shots": k, "use_cache": use_cache},
+                                   batch_size=args.batch_size, shots=shots, label=f"L'={L} k={k} cache={use_cache}",
+                                   **kw)
     report(args)
 
 

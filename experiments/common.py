@@ -12,10 +12,11 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterable
 
-from dlm.tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported for the scripts)
+from dlm.tasks.evaluate import decode_until_stop, evaluate_problems  # noqa: F401  (decode_until_stop re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,3 +201,20 @@ def check_log_resumable(log: JsonlLog, h: str, weights: str) -> None:
     if hashes or other:
         raise ValueError(f"--out: {log.path} holds samples of config {sorted(map(str, hashes))} / weights "
                          f"{sorted(other)}, this run is config {h}, weights {weights}: delete it or use another --out")
+
+
+def evaluate_resumable(log: JsonlLog, problems, model, tokenizer, sampler, *, cfg_hash: str, weights: str,
+                       seed: int, tags: dict, batch_size: int, shots=(), label: str = "", **sampler_kwargs) -> None:
+    """Evaluate the ``problems`` not yet in ``log`` (``dlm.tasks.evaluate.evaluate_problems``),
+    appending each batch's records with ``tags``, the config hash, seed and weights fingerprint.
+    Samples already there must come from this config and weights (:func:`check_log_resumable`)."""
+    check_log_resumable(log, cfg_hash, weights)
+    todo = [p for p in problems if p.id not in log.done]
+    t0 = time.time()
+    for lo in range(0, len(todo), batch_size):
+        r = evaluate_problems(model, tokenizer, todo[lo:lo + batch_size], sampler, batch_size=batch_size,
+                              shots=shots, **sampler_kwargs)
+        log.append({**rec, **tags, "config_hash": cfg_hash, "seed": seed, "model_weights": weights}
+                   for rec in r["records"])
+        acc = sum(x["correct"] for x in log.records) / len(log.records)
+        print(f"{label}: {len(log.records)}/{len(problems)} acc={acc:.3f} ({time.time() - t0:.0f}s)", flush=True)

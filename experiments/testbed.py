@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -27,8 +26,8 @@ import torch
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sampling import generate
 from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.evaluate import evaluate_problems, wilson_ci
-from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, check_log_resumable, config_hash,
+from dlm.tasks.evaluate import wilson_ci
+from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
                                 git_sha, repo_relative)
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -60,19 +59,10 @@ def run(args) -> None:
         for name in args.configs:
             kw = sampler_kwargs(name, args.gen_length)
             log = JsonlLog(out / f"{name}_k{k}.jsonl")
-            todo = [p for p in problems if p.id not in log.done]
             h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed})
-            check_log_resumable(log, h, weights)
-            t0 = time.time()
-            for lo in range(0, len(todo), args.batch_size):
-                chunk = todo[lo:lo + args.batch_size]
-                r = evaluate_problems(model, tok, chunk, generate, batch_size=args.batch_size, shots=shots, **kw)
-                log.append({**rec, "strategy": name, "shots": k, "config_hash": h, "seed": args.seed,
-                            "model_weights": weights}
-                           for rec in r["records"])
-                acc = sum(x["correct"] for x in log.records) / len(log.records)
-                print(f"{name} k={k}: {len(log.records)}/{len(problems)} acc={acc:.3f} "
-                      f"({time.time() - t0:.0f}s)", flush=True)
+            evaluate_resumable(log, problems, model, tok, generate, cfg_hash=h, weights=weights, seed=args.seed,
+                               tags={"strategy": name, "shots": k}, batch_size=args.batch_size, shots=shots,
+                               label=f"{name} k={k}", **kw)
     report(args)
 
 

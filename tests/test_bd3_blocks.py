@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tiny import tokenizer_model
-from experiments import bd3_blocks
+from experiments import bd3_blocks, common
 from experiments.common import read_jsonl
 
 
@@ -42,7 +42,7 @@ def test_cached_equals_uncached_and_resume(bd3_ckpt, tmp_path, monkeypatch):
     def no_compute(*a, **k):
         raise AssertionError("resumed run recomputed a sample")
 
-    monkeypatch.setattr(bd3_blocks, "evaluate_problems", no_compute)
+    monkeypatch.setattr(common, "evaluate_problems", no_compute)
     bd3_blocks.main(argv)
     assert {p.name: p.read_text() for p in tmp_path.glob("*.jsonl")} == before
     with pytest.raises(ValueError, match="--out"):  # another config into the same files
