@@ -25,8 +25,8 @@ import torch
 
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sampling import generate
-from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.evaluate import wilson_ci
+from dlm.tasks import extract_strict, fewshot_examples, generate_problems
+from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
                                 git_sha, repo_relative)
 
@@ -82,21 +82,46 @@ def report(args) -> None:
                          "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
                          "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
+                         "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length}
     atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
              f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking.", "",
-             "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | mean step of 1st EOS commit | tokens until EOS | prompt len |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | mean step of 1st EOS commit | tokens until EOS | no `####` line | prompt len |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['shots']} | {r['block_length']} | {r['steps']} | "
                      f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
                      f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['mean_first_eos_step']:.1f} | "
-                     f"{r['mean_tokens_until_eos']:.1f} | {r['mean_prompt_length']:.0f} |")
+                     f"{r['mean_tokens_until_eos']:.1f} | {100 * r['no_final_line']:.1f}% | "
+                     f"{r['mean_prompt_length']:.0f} |")
+    lines += paired_table(out, args.n, args.fewshot)
     lines += tokens_per_step_table(out, args.n, args.gen_length)
     atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def paired_table(out: Path, n: int, shots: list[int]) -> list[str]:
+    """Semi-AR vs pure diffusion on the problems both files hold: accuracies, the discordant
+    pairs and the exact McNemar p-value of the gap."""
+    lines = []
+    for k in shots:
+        files = [out / f"{m}_k{k}.jsonl" for m in ("semiar32", "pure")]
+        if not all(f.exists() for f in files):
+            continue
+        semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
+        ids = sorted(set(semi) & set(pure))
+        b = sum(semi[i] and not pure[i] for i in ids)
+        c = sum(pure[i] and not semi[i] for i in ids)
+        if not lines:
+            lines = ["", "Semi-AR (blocks of 32) vs pure diffusion on the same problems, 1 token/step:", "",
+                     "| shots | problems | semi-AR | pure | gap (points) | only semi-AR | only pure | McNemar p |",
+                     "|---|---|---|---|---|---|---|---|"]
+        acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
+        lines.append(f"| {k} | {len(ids)} | {acc_s:.1f} | {acc_p:.1f} | {acc_s - acc_p:+.1f} | {b} | {c} | "
+                     f"{mcnemar_exact(b, c):.2g} |")
+    return lines
 
 
 def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]:

@@ -44,6 +44,7 @@ OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
         ({"ops": ("+", "+")}, ValueError, "ops"),
         ({"ops": "+-"}, TypeError, "ops"),
         ({"max_factor": 1}, ValueError, "max_factor"),
+        ({"cot": "long"}, ValueError, "cot"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, exc, word):
@@ -110,6 +111,37 @@ def test_answers_are_correct_and_in_range(config):
         assert p.question.endswith("have?")
 
 
+@pytest.mark.parametrize("config", [ArithConfig(max_value=9), ArithConfig(ops=("+", "-", "*"), max_steps=3)])
+def test_verbose_cot_same_problems_retold_steps(config):
+    """``cot="verbose"`` keeps the problem stream (questions, targets, keys, split) and retells
+    every step in some phrasing of its operator before the same equation."""
+    from dlm.tasks.arith import _STEP_TEMPLATES
+
+    verbose_cfg = ArithConfig(**{**config.__dict__, "cot": "verbose"})
+    terse = generate_problems(config, 300, "test", seed=2)
+    verbose = generate_problems(verbose_cfg, 300, "test", seed=2)
+    assert [(p.id, p.question, p.target) for p in verbose] == [(p.id, p.question, p.target) for p in terse]
+    phrasings = {op: [re.escape(t).replace(re.escape("{b}"), r"(\d+)").replace(re.escape("{p}"), "(He|She)")
+                      for t in ts] for op, ts in _STEP_TEMPLATES.items()}
+    n_lines = set()
+    for t, v in zip(terse, verbose):
+        assert parse_chain(v.answer) == parse_chain(t.answer)
+        assert problem_key(v) == problem_key(t)
+        lines = v.answer.split("\n")
+        name = t.question.split()[0]
+        chain = parse_chain(t.answer)
+        assert re.fullmatch(rf"{name} has {chain[0][0]} [a-z]+\.", lines[0])
+        assert re.fullmatch(rf"{name} has {chain[-1][3]} [a-z]+\.", lines[-2])
+        for line, terse_line, (a, op, b, c) in zip(lines[1:-2], t.answer.split("\n"), chain):
+            retold, equation = line.rsplit(". ", 1)
+            assert equation == terse_line
+            match = next(re.fullmatch(ph, retold + ".") for ph in phrasings[op] if re.fullmatch(ph, retold + "."))
+            assert int(match.group(2)) == b
+        assert lines[-1] == f"#### {t.target}"
+        n_lines.add(tuple(line.split()[1] for line in lines[1:-2]))
+    assert len(n_lines) > 10  # the retold phrasing varies
+
+
 def test_multiplication_is_actually_used():
     problems = generate_problems(ArithConfig(ops=("+", "*")), 300, seed=0)
     assert sum("*" in p.answer for p in problems) > 50
@@ -141,6 +173,12 @@ def test_parse_chain_rejects_malformed():
     with pytest.raises(ValueError):
         parse_chain("one plus two\n#### 3")
     assert parse_chain("1 + 2 = 3\n3 * 4 = 12\n#### 12") == [(1, "+", 2, 3), (3, "*", 4, 12)]
+    verbose = "Ann has 1 pen.\nShe finds 2 more. 1 + 2 = 3\nAnn has 3 pens.\n#### 3"
+    assert parse_chain(verbose) == [(1, "+", 2, 3)]
+    with pytest.raises(ValueError):
+        parse_chain("Ann has 1 pen.\nShe finds 2 more 1 + 2 = 3\n#### 3")
+    with pytest.raises(ValueError):
+        parse_chain("Ann has 1 pen.\n#### 1")
 
 
 def test_problem_validation():

@@ -8,7 +8,7 @@ import torch
 
 from dlm.sampling import generate
 from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
-from dlm.tasks.evaluate import evaluate_problems, left_pad, wilson_ci
+from dlm.tasks.evaluate import evaluate_problems, left_pad, mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from dlm.tokenizer import build_tokenizer
 from experiments.common import JsonlLog
@@ -52,6 +52,38 @@ def test_left_pad_and_wilson():
     lo, hi = wilson_ci(60, 100)
     assert 0.50 < lo < 0.51 and 0.69 < hi < 0.70  # textbook Wilson interval for 60/100
     assert wilson_ci(0, 0) == (0.0, 0.0)
+
+
+def test_mcnemar_exact_matches_brute_force():
+    from itertools import product
+
+    for b, c in product(range(9), repeat=2):
+        n = b + c
+        # brute force: every assignment of the n discordant pairs; count those at least as extreme
+        obs = abs(b - c)
+        extreme = sum(abs(2 * bin(m).count("1") - n) >= obs for m in range(2 ** n))
+        assert mcnemar_exact(b, c) == pytest.approx(min(1.0, extreme / 2 ** n))
+    assert mcnemar_exact(26, 15) == pytest.approx(0.1173, abs=1e-4)
+    with pytest.raises(ValueError, match="b"):
+        mcnemar_exact(-1, 3)
+    with pytest.raises(TypeError, match="c"):
+        mcnemar_exact(1, 2.0)
+
+
+def test_paired_table_uses_common_problems(tmp_path):
+    from experiments.testbed import paired_table
+
+    def write(name, correct):
+        (tmp_path / f"{name}_k0.jsonl").write_text(
+            "".join(json.dumps({"id": f"p{i}", "correct": c}) + "\n" for i, c in enumerate(correct)))
+
+    write("semiar32", [True, True, True, False, True, True])
+    write("pure", [True, False, False, True])  # first 4 problems only
+    row = next(line for line in paired_table(tmp_path, n=500, shots=[0, 4]) if line.startswith("| 0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:7] == ["0", "4", "75.0", "50.0", "+25.0", "2", "1"]
+    assert float(cells[7]) == pytest.approx(mcnemar_exact(2, 1))
+    assert paired_table(tmp_path / "none", n=10, shots=[0]) == []
 
 
 def test_jsonl_log_resumes_after_truncated_line(tmp_path):

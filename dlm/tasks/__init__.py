@@ -1,6 +1,7 @@
 """GSM8K-format tasks: procedural arithmetic, real GSM8K, answer extraction, prompts."""
 
 from dlm.tasks.arith import (
+    COT_STYLES,
     ArithConfig,
     arith_vocabulary,
     generate_problems,
@@ -14,6 +15,7 @@ from dlm.tasks.gsm8k import Problem, extract_flexible, extract_strict, is_correc
 
 __all__ = [
     "DEFAULT_TEMPLATE",
+    "COT_STYLES",
     "ArithConfig",
     "Problem",
     "PromptTemplate",

@@ -30,6 +30,7 @@ __all__ = [
     "NAMES",
     "OBJECTS",
     "SPLITS",
+    "COT_STYLES",
     "ArithConfig",
     "arith_vocabulary",
     "generate_problems",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: Supported split names.
 SPLITS = ("train", "test")
+#: Chain-of-thought styles of :class:`ArithConfig`.
+COT_STYLES = ("terse", "verbose")
 #: One key in ``_BUCKETS`` buckets (bucket 0) belongs to the test split.
 _BUCKETS = 10
 #: Give up after this many consecutive rejected samples.
@@ -66,6 +69,10 @@ _STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
 _OPENING = "{name} has {a} {obj}."
 _CLOSING = "How many {objs} does {name} have?"
 _LINE_RE = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
+#: A verbose line: an optional retold sentence, then the equation.
+_VERBOSE_LINE_RE = re.compile(r"(?:[A-Z][a-z]+ [a-z ]*\d+[a-z ]*\. )?(\d+) ([-+*]) (\d+) = (\d+)")
+#: A verbose narrative line (the opening and the final amount).
+_AMOUNT_RE = re.compile(r"[A-Z][a-z]+ has \d+ [a-z]+\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -89,6 +96,11 @@ class ArithConfig:
             sequence is accepted and stored as a tuple.
         max_factor: Bound on both operands of ``"*"`` (multiplier in
             ``[2, max_factor]``, multiplicand in ``[1, max_factor]``).
+        cot: Chain-of-thought style.  ``"terse"``: one ``a op b = c`` line per
+            operation.  ``"verbose"``: the opening amount, each operation
+            retold in a freshly drawn phrasing before its equation, and the
+            final amount, so the answer's length and wording are not fixed by
+            the question (see :data:`COT_STYLES`).
     """
 
     min_steps: int = 1
@@ -96,6 +108,7 @@ class ArithConfig:
     max_value: int = 50
     ops: tuple[str, ...] = ("+", "-")
     max_factor: int = 9
+    cot: str = "terse"
 
     def __post_init__(self) -> None:
         _check_int("min_steps", self.min_steps, 1)
@@ -115,6 +128,8 @@ class ArithConfig:
         if len(set(ops)) != len(ops):
             raise ValueError(f"ops contains duplicates: {ops!r}")
         object.__setattr__(self, "ops", ops)
+        if self.cot not in COT_STYLES:
+            raise ValueError(f"cot must be one of {COT_STYLES}, got {self.cot!r}")
 
 
 def split_of_key(key: str) -> str:
@@ -141,9 +156,11 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
     *lines, final = answer.split("\n")
     chain = []
     for line in lines:
-        match = _LINE_RE.fullmatch(line)
+        if _AMOUNT_RE.fullmatch(line):  # verbose narrative line ("Ann has 7 apples.")
+            continue
+        match = _VERBOSE_LINE_RE.fullmatch(line)
         if match is None:
-            raise ValueError(f"answer line is not 'a op b = c': {line!r}")
+            raise ValueError(f"answer line is not '[retold sentence. ]a op b = c': {line!r}")
         a, op, b, c = match.groups()
         chain.append((int(a), op, int(b), int(c)))
     if not chain or not re.fullmatch(r"#### \d+", final) or int(final[5:]) != chain[-1][3]:
@@ -196,18 +213,30 @@ def _sample_arithmetic(rng: random.Random, config: ArithConfig) -> tuple[int, li
     return start, steps
 
 
-def _render(rng: random.Random, start: int, steps: list[tuple[str, int]]) -> tuple[str, str, int]:
-    """Turn arithmetic into (question, answer, final value) text."""
+def _render(rng: random.Random, style_rng: random.Random, start: int, steps: list[tuple[str, int]],
+            cot: str) -> tuple[str, str, int]:
+    """Turn arithmetic into (question, answer, final value) text.
+
+    ``cot="verbose"`` draws each retold phrasing from ``style_rng``, independently of the
+    question's phrasing, so the problems (and their order) are the same in both styles.
+    """
     name, pronoun = rng.choice(NAMES)
     singular, plural = rng.choice(OBJECTS)
-    sentences = [_OPENING.format(name=name, a=start, obj=singular if start == 1 else plural)]
-    lines = []
+
+    def amount(n: int) -> str:
+        return _OPENING.format(name=name, a=n, obj=singular if n == 1 else plural)
+
+    sentences = [amount(start)]
+    lines = [amount(start)] if cot == "verbose" else []
     current = start
     for op, b in steps:
         sentences.append(rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b))
         result = _APPLY[op](current, b)
-        lines.append(f"{current} {op} {b} = {result}")
+        retold = style_rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b) + " " if cot == "verbose" else ""
+        lines.append(f"{retold}{current} {op} {b} = {result}")
         current = result
+    if cot == "verbose":
+        lines.append(amount(current))
     sentences.append(_CLOSING.format(objs=plural, name=name))
     return " ".join(sentences), "\n".join(lines) + f"\n#### {current}", current
 
@@ -249,6 +278,7 @@ def iter_problems(
 
 def _stream(config: ArithConfig, split: str, seed: int, unique: bool) -> Iterator[Problem]:
     rng = _seeded_rng(split, seed)
+    style_rng = _seeded_rng(f"{split}|cot", seed)
     seen: set[str] = set()
     index = 0
     while True:
@@ -264,7 +294,7 @@ def _stream(config: ArithConfig, split: str, seed: int, unique: bool) -> Iterato
             raise ValueError(f"could not draw a {split!r} problem {detail} for {config!r}")
         if unique:
             seen.add(key)
-        question, answer, target = _render(rng, *drawn)
+        question, answer, target = _render(rng, style_rng, *drawn, config.cot)
         yield Problem(id=f"{split}-{seed}-{index}", question=question, answer=answer, target=target, split=split)
         index += 1
 

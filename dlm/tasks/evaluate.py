@@ -41,6 +41,25 @@ def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (centre - half, centre + half)
 
 
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for paired binary outcomes.
+
+    ``b`` and ``c`` count the discordant pairs (solved only by A / only by B). Under H0 each
+    discordant pair goes either way with probability 1/2, so the p-value is
+    ``min(1, 2 * P[Binomial(b + c, 1/2) <= min(b, c)])``.
+    """
+    for name, v in (("b", b), ("c", c)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 @torch.no_grad()
 def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Callable,
                       batch_size: int = 64, shots: Sequence[Problem] = (), mode: str = "strict",
