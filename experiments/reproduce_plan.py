@@ -16,6 +16,9 @@ from typing import Optional
 BD3_BLOCKS = (4, 8, 16)
 #: stage 2 of the BD3-LM recipe: small batches, many steps, 1-8 worked examples in 60% of them
 BD3_STAGE2 = ("--batch-size", 16, "--steps", 1200, "--warmup", 30, "--fewshot-prob", 0.6, "--eval-every", 300)
+#: phase 3 of the LLaDA recipe (few-shot prompts in 60% of the batches), run as 600 + 900 steps
+LLADA_PHASE3 = ("--batch-size", 16, "--lr", 5e-4, "--warmup", 30, "--save-every", 100, "--fewshot-prob", 0.6,
+                "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.3, 0.2, 0.4, 0.1)
 TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
 
 
@@ -42,24 +45,33 @@ def _cap(n: int, limit: Optional[int]) -> int:
 
 
 def training_jobs(out: str, work: str) -> list[Job]:
-    """The README's two-phase LLaDA SFT, the BD3-LM fine-tune and the perplexity ladder."""
+    """The README's three-phase LLaDA SFT, the BD3-LM fine-tunes and the perplexity ladder."""
     ck = f"{out}/checkpoints"
-    task = ("--max-value", 9, "--weighting", "uniform", "--fewshot-prob", 0.2, "--ema", 0)
+    task = ("--max-value", 9, "--weighting", "uniform", "--ema", 0)
     ppl = ("train", "--preset", "laptop", "--out", out, "--work", f"{work}/perplexity-laptop")
     return [
         Job("train_llada_p1", "experiments.train_llada",
             ("--out", f"{work}/llada-p1", "--d-model", 128, "--n-layers", 4, "--n-heads", 4, "--lr", 3e-3,
-             "--warmup", 100, "--steps", 2600, "--short-steps", 2000, *task,
+             "--warmup", 100, "--steps", 2600, "--short-steps", 2000, *task, "--fewshot-prob", 0.2,
              "--response-lengths", 32, 256, 512, "--response-probs", 0.8, 0.15, 0.05),
             "phase 1 of the embedded LLaDA-style SFT (curriculum on 32-token answers)",
             (f"{work}/llada-p1/model/config.json",), cost_min=35, training=True),
-        Job("train_llada", "experiments.train_llada",
-            ("--init", f"{work}/llada-p1/model", "--out", f"{work}/llada-arith", "--steps", 1000,
+        Job("train_llada_p2", "experiments.train_llada",
+            ("--init", f"{work}/llada-p1/model", "--out", f"{work}/llada-p2", "--steps", 1000,
              "--batch-size", 16, "--lr", 1e-3, "--warmup", 50, "--eval-every", 250, "--save-every", 250, *task,
-             "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.2, 0.2, 0.4, 0.2),
-            "embedded LLaDA-style model (phase 2: long EOS tails)", ("checkpoints/llada-arith/config.json",),
-            after=("train_llada_p1",), cost_min=14, export=(f"{work}/llada-arith/model", f"{ck}/llada-arith"),
-            training=True),
+             "--fewshot-prob", 0.2, "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.2, 0.2, 0.4, 0.2),
+            "phase 2 of the embedded LLaDA-style SFT (long EOS tails)", (f"{work}/llada-p2/model/config.json",),
+            after=("train_llada_p1",), cost_min=14, training=True),
+        *(Job(name, "experiments.train_llada",
+              ("--init", f"{work}/{init}/model", "--out", f"{work}/{dst}", "--steps", steps, "--eval-every", every,
+               *LLADA_PHASE3, *task),
+              what, (f"{work}/{dst}/model/config.json",), after=(after,), cost_min=cost, training=True,
+              export=(f"{work}/llada-arith/model", f"{ck}/llada-arith") if dst == "llada-arith" else None)
+          for name, init, dst, steps, every, after, cost, what in (
+              ("train_llada_p3a", "llada-p2", "llada-p3a", 600, 200, "train_llada_p2", 17,
+               "phase 3a of the embedded LLaDA-style SFT (60% few-shot batches)"),
+              ("train_llada", "llada-p3a", "llada-arith", 900, 300, "train_llada_p3a", 17,
+               "embedded LLaDA-style model (phase 3b: 900 more few-shot steps)"))),
         Job("train_bd3lm_s1", "experiments.train_bd3lm",
             ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--fewshot-prob", 0,
              "--out", f"{work}/bd3lm-arith-16-s1"),

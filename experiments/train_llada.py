@@ -1,13 +1,16 @@
-"""Retrain the embedded LLaDA-style (bidirectional) model from scratch, in two phases.
+"""Retrain the embedded LLaDA-style (bidirectional) model from scratch, in three phases.
 
     # phase 1 (~35 min on one core): learn the task on short EOS-padded answers
     OMP_NUM_THREADS=1 python -m experiments.train_llada --out runs/llada-p1 --steps 2600 \
         --short-steps 2000 --max-value 9 --weighting uniform \
         --response-lengths 32 256 512 --response-probs 0.8 0.15 0.05 --fewshot-prob 0.2
-    # phase 2 (~17 min): long EOS tails (generation lengths 64-512) and few-shot prompts
-    OMP_NUM_THREADS=1 python -m experiments.train_llada --init runs/llada-p1/model --out runs/llada-arith \
+    # phase 2 (~14 min): long EOS tails (generation lengths 64-512) and few-shot prompts
+    OMP_NUM_THREADS=1 python -m experiments.train_llada --init runs/llada-p1/model --out runs/llada-p2 \
         --steps 1000 --batch-size 16 --lr 1e-3 --warmup 50 --max-value 9 --weighting uniform \
         --response-lengths 32 64 256 512 --response-probs 0.2 0.2 0.4 0.2 --fewshot-prob 0.2
+    # phase 3 (~2 x 17 min): worked examples in 60% of the batches, 600 steps then 900 more
+    # (--init runs/llada-p2/model --out runs/llada-p3a, then --init runs/llada-p3a/model
+    #  --out runs/llada-arith; flags in the README and experiments/reproduce_plan.LLADA_PHASE3)
     # runs/llada-arith/model (bf16) is what results/checkpoints/llada-arith holds
 
 SFT recipe (LLaDA guidelines): prompt never masked, the answer EOS-padded to the batch length
@@ -33,7 +36,7 @@ from dlm.checkpoints import load_model, save_model
 from dlm.model import ModelConfig, Transformer
 from dlm.objectives import LLaDASFTLoss
 from dlm.sampling import generate
-from dlm.tasks import ArithConfig, generate_problems
+from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
 from dlm.tasks.evaluate import evaluate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.tokenizer import build_tokenizer
@@ -66,6 +69,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-value", type=int, default=50)
     p.add_argument("--max-steps-per-problem", type=int, default=2)
+    p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
+                   help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
     p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
     p.add_argument("--fewshot-prob", type=float, default=0.25)
@@ -83,7 +88,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     tok = build_tokenizer()
-    arith = ArithConfig(max_steps=args.max_steps_per_problem, max_value=args.max_value)
+    arith = ArithConfig(max_steps=args.max_steps_per_problem, max_value=args.max_value, cot=args.cot)
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),
@@ -96,9 +101,11 @@ def main(argv=None) -> None:
     held_out = generate_problems(arith, 64, split="test", seed=12345)
 
     def eval_fn(m) -> dict:
-        r = evaluate_problems(m, tok, held_out, generate, batch_size=64, gen_length=64, steps=64,
-                              block_length=32)
-        return {"acc_semiar64": r["accuracy"]}
+        semiar = evaluate_problems(m, tok, held_out, generate, batch_size=64, gen_length=64, steps=64,
+                                   block_length=32)
+        pure = evaluate_problems(m, tok, held_out, generate, batch_size=64, gen_length=64, steps=64,
+                                 block_length=64)
+        return {"acc_semiar64": semiar["accuracy"], "acc_pure64": pure["accuracy"]}
 
     cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0,
