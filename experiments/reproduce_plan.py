@@ -107,7 +107,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     testbed = [  # (name, configs, shots, n, cost)
         ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
         ("testbed_pure", ("pure",), 0, 200, 16.8),
-        ("testbed_fewshot", ("semiar32",), 4, 100, 13.4),
+        ("testbed_fewshot", ("semiar32",), 4, 500, 77.7),
         ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"),
          0, 100, 8.0),
         ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),

@@ -160,6 +160,12 @@ def test_tokens_per_step_table_compares_the_same_problems(tmp_path):
     row = next(line for line in lines if line.startswith("| semiar32 |"))
     assert [c.strip() for c in row.strip("|").split("|")] == ["semiar32", "2", "100.0", "50.0", "-", "50.0", "-",
                                                               "0.0"]
+    p_row = next(line for line in lines if line.startswith("| semiar32: McNemar p"))
+    p_cells = [c.strip() for c in p_row.strip("|").split("|")][2:]
+    # same 2 problems: 1 tok/step solves both; 2 tok/step loses p0; 32 tok/step loses both
+    assert p_cells[0] == "-" and p_cells[2] == "-" and p_cells[4] == "-"
+    assert float(p_cells[1]) == pytest.approx(mcnemar_exact(1, 0))
+    assert float(p_cells[5]) == pytest.approx(mcnemar_exact(2, 0))
     header = next(line for line in lines if line.startswith("| sampler |"))
     assert header.count("|") == row.count("|") == lines[lines.index(header) + 1].count("|")
     assert not any(line.startswith("| pure |") for line in lines)  # no pure files: no row
