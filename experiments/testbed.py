@@ -144,8 +144,13 @@ def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]
         lines.append(f"| {base} | {len(ids)} | " + " | ".join(cells) + " |")
         if base in recs:  # exact McNemar p of each row against 1 token/step on the same problems
             ref = recs[base]
-            p_cells = [f"{mcnemar_exact(sum(ref[i]['correct'] and not recs[m][i]['correct'] for i in ids), sum(recs[m][i]['correct'] and not ref[i]['correct'] for i in ids)):.2g}"
-                       if m in recs and m != base else "-" for m in names]
+
+            def p_value(m: str) -> str:
+                lost = sum(ref[i]["correct"] and not recs[m][i]["correct"] for i in ids)
+                gained = sum(recs[m][i]["correct"] and not ref[i]["correct"] for i in ids)
+                return f"{mcnemar_exact(lost, gained):.2g}"
+
+            p_cells = [p_value(m) if m in recs and m != base else "-" for m in names]
             lines.append(f"| {base}: McNemar p vs 1 tok/step | {len(ids)} | " + " | ".join(p_cells) + " |")
     return lines
 

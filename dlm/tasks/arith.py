@@ -68,9 +68,8 @@ _STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
 }
 _OPENING = "{name} has {a} {obj}."
 _CLOSING = "How many {objs} does {name} have?"
-_LINE_RE = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
-#: A verbose line: an optional retold sentence, then the equation.
-_VERBOSE_LINE_RE = re.compile(r"(?:[A-Z][a-z]+ [a-z ]*\d+[a-z ]*\. )?(\d+) ([-+*]) (\d+) = (\d+)")
+#: A reasoning line: the equation ``a op b = c``, after a retold sentence in the verbose style.
+_LINE_RE = re.compile(r"(?:[A-Z][a-z]+ [a-z ]*\d+[a-z ]*\. )?(\d+) ([-+*]) (\d+) = (\d+)")
 #: A verbose narrative line (the opening and the final amount).
 _AMOUNT_RE = re.compile(r"[A-Z][a-z]+ has \d+ [a-z]+\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -158,7 +157,7 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
     for line in lines:
         if _AMOUNT_RE.fullmatch(line):  # verbose narrative line ("Ann has 7 apples.")
             continue
-        match = _VERBOSE_LINE_RE.fullmatch(line)
+        match = _LINE_RE.fullmatch(line)
         if match is None:
             raise ValueError(f"answer line is not '[retold sentence. ]a op b = c': {line!r}")
         a, op, b, c = match.groups()
