@@ -102,6 +102,11 @@ def report(args) -> None:
     print("\n".join(lines))
 
 
+def discordant(a: dict, b: dict, ids) -> tuple[int, int]:
+    """(solved only in ``a``, solved only in ``b``) over ``ids``; ``a``/``b`` map id -> correct."""
+    return sum(a[i] and not b[i] for i in ids), sum(b[i] and not a[i] for i in ids)
+
+
 def paired_table(out: Path, n: int, shots: list[int]) -> list[str]:
     """Semi-AR vs pure diffusion on the problems both files hold: accuracies, the discordant
     pairs and the exact McNemar p-value of the gap."""
@@ -112,8 +117,7 @@ def paired_table(out: Path, n: int, shots: list[int]) -> list[str]:
             continue
         semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
         ids = sorted(set(semi) & set(pure))
-        b = sum(semi[i] and not pure[i] for i in ids)
-        c = sum(pure[i] and not semi[i] for i in ids)
+        b, c = discordant(semi, pure, ids)
         if not lines:
             lines = ["", "Semi-AR (blocks of 32) vs pure diffusion on the same problems, 1 token/step:", "",
                      "| shots | problems | semi-AR | pure | gap (points) | only semi-AR | only pure | McNemar p |",
@@ -143,14 +147,9 @@ def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]
                  for m in names]
         lines.append(f"| {base} | {len(ids)} | " + " | ".join(cells) + " |")
         if base in recs:  # exact McNemar p of each row against 1 token/step on the same problems
-            ref = recs[base]
-
-            def p_value(m: str) -> str:
-                lost = sum(ref[i]["correct"] and not recs[m][i]["correct"] for i in ids)
-                gained = sum(recs[m][i]["correct"] and not ref[i]["correct"] for i in ids)
-                return f"{mcnemar_exact(lost, gained):.2g}"
-
-            p_cells = [p_value(m) if m in recs and m != base else "-" for m in names]
+            ok = {m: {i: r["correct"] for i, r in recs[m].items()} for m in recs}
+            p_cells = [f"{mcnemar_exact(*discordant(ok[base], ok[m], ids)):.2g}" if m in recs and m != base else "-"
+                       for m in names]
             lines.append(f"| {base}: McNemar p vs 1 tok/step | {len(ids)} | " + " | ".join(p_cells) + " |")
     return lines
 
