@@ -10,9 +10,12 @@ Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, 
                   decodes each block of 32 in one step)
   pure_sD         pure diffusion with G/D steps
 
-Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl`` (resumable); the table
-``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI, mean step of the first EOS
-commit, tokens until EOS, git SHA, config) are rebuilt from those files.
+``--unique`` draws held-out problems that all differ in their arithmetic (canonical key); by
+default problems may repeat a key with other names, objects and phrasing, and the table counts
+the distinct ones. Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl``
+(resumable); the table ``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI,
+distinct problems, mean step of the first EOS commit, tokens until EOS, git SHA, config) are
+rebuilt from those files.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sampling import generate
-from dlm.tasks import extract_strict, fewshot_examples, generate_problems
+from dlm.tasks import extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key
 from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
                                 git_sha, repo_relative)
@@ -47,27 +50,45 @@ def sampler_kwargs(name: str, gen_length: int) -> dict:
     return dict(gen_length=gen_length, block_length=c["block"] or gen_length, steps=gen_length // c["div"])
 
 
+def test_problems(args) -> list:
+    """The first ``args.n`` held-out problems of the model's task; with ``args.unique`` no two share
+    a canonical key (raises ``ValueError`` when the test split has fewer than n keys)."""
+    return generate_problems(arith_config_of(args.model), args.n, split="test", seed=args.seed, unique=args.unique)
+
+
 def run(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, dtype=torch.float32)
     weights = weights_fingerprint(args.model)
     arith = arith_config_of(args.model)
-    problems = generate_problems(arith, args.n, split="test", seed=args.seed)
+    problems = test_problems(args)
     out = Path(args.out)
     for k in args.fewshot:
         shots = fewshot_examples(arith, k, seed=args.seed + 1) if k else ()
         for name in args.configs:
             kw = sampler_kwargs(name, args.gen_length)
             log = JsonlLog(out / f"{name}_k{k}.jsonl")
-            h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed})
+            h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed,
+                             **({"unique": True} if args.unique else {})})
             evaluate_resumable(log, problems, model, tok, generate, cfg_hash=h, weights=weights, seed=args.seed,
                                tags={"strategy": name, "shots": k}, batch_size=args.batch_size, shots=shots,
                                label=f"{name} k={k}", **kw)
     report(args)
 
 
+def per_key_accuracy(recs: list[dict], key_of: dict) -> tuple[int, float]:
+    """(distinct arithmetic problems, mean over them of each one's accuracy): problems that share
+    a canonical key differ only in names, objects and phrasing, so they are not independent."""
+    by_key: dict[str, list[bool]] = {}
+    for r in recs:
+        by_key.setdefault(key_of[r["id"]], []).append(bool(r["correct"]))
+    return len(by_key), sum(sum(v) / len(v) for v in by_key.values()) / max(len(by_key), 1)
+
+
 def report(args) -> None:
     out = Path(args.out)
+    problems = test_problems(args)
+    key_of = {p.id: problem_key(p) for p in problems}
     rows = []
     for k in args.fewshot:
         for name in CONFIGS:
@@ -78,25 +99,33 @@ def report(args) -> None:
             n, c = len(recs), sum(r["correct"] for r in recs)
             eos_steps = [r["first_eos_step"] for r in recs if r["first_eos_step"] >= 0]
             lo, hi = wilson_ci(c, n)
+            distinct, acc_distinct = per_key_accuracy(recs, key_of)
             rows.append({"config": name, "shots": k, "n": n, "accuracy": c / max(n, 1), "ci95": [lo, hi],
                          "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
                          "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
+                         "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
                          **sampler_kwargs(name, args.gen_length)})
-    meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length}
+    meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
+            "unique": args.unique}
     atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
-             f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking.", "",
-             "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | mean step of 1st EOS commit | tokens until EOS | no `####` line | prompt len |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking"
+             + (", held-out problems with distinct arithmetic (`--unique`)." if args.unique else "."), "",
+             "`distinct`: how many different arithmetic problems (canonical keys: numbers and operators) the n",
+             "problems hold; `per distinct`: the mean over those of each one's accuracy.", "",
+             "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | distinct | per distinct | "
+             "mean step of 1st EOS commit | tokens until EOS | no `####` line | prompt len |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['shots']} | {r['block_length']} | {r['steps']} | "
                      f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
-                     f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['mean_first_eos_step']:.1f} | "
+                     f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['distinct_problems']} | "
+                     f"{100 * r['accuracy_per_distinct_problem']:.1f} | {r['mean_first_eos_step']:.1f} | "
                      f"{r['mean_tokens_until_eos']:.1f} | {100 * r['no_final_line']:.1f}% | "
                      f"{r['mean_prompt_length']:.0f} |")
-    lines += paired_table(out, args.n, args.fewshot)
+    lines += paired_table(out, args.n, args.fewshot, {p.id: len(parse_chain(p.answer)) for p in problems})
     lines += tokens_per_step_table(out, args.n, args.gen_length)
     atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -107,24 +136,31 @@ def discordant(a: dict, b: dict, ids) -> tuple[int, int]:
     return sum(a[i] and not b[i] for i in ids), sum(b[i] and not a[i] for i in ids)
 
 
-def paired_table(out: Path, n: int, shots: list[int]) -> list[str]:
+def paired_table(out: Path, n: int, shots: list[int], steps_of: dict | None = None) -> list[str]:
     """Semi-AR vs pure diffusion on the problems both files hold: accuracies, the discordant
-    pairs and the exact McNemar p-value of the gap."""
+    pairs and the exact McNemar p-value of the gap; with ``steps_of`` (id -> reasoning steps of
+    the reference answer) also one row per number of steps, where answer length is decided."""
     lines = []
     for k in shots:
         files = [out / f"{m}_k{k}.jsonl" for m in ("semiar32", "pure")]
         if not all(f.exists() for f in files):
             continue
         semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
-        ids = sorted(set(semi) & set(pure))
-        b, c = discordant(semi, pure, ids)
+        common = sorted(set(semi) & set(pure))
+        groups = [("all", common)]
+        if steps_of:
+            groups += [(str(s), [i for i in common if steps_of.get(i) == s])
+                       for s in sorted({steps_of[i] for i in common if i in steps_of})]
         if not lines:
             lines = ["", "Semi-AR (blocks of 32) vs pure diffusion on the same problems, 1 token/step:", "",
-                     "| shots | problems | semi-AR | pure | gap (points) | only semi-AR | only pure | McNemar p |",
-                     "|---|---|---|---|---|---|---|---|"]
-        acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
-        lines.append(f"| {k} | {len(ids)} | {acc_s:.1f} | {acc_p:.1f} | {acc_s - acc_p:+.1f} | {b} | {c} | "
-                     f"{mcnemar_exact(b, c):.2g} |")
+                     "| shots | reasoning steps | problems | semi-AR | pure | gap (points) | only semi-AR | "
+                     "only pure | McNemar p |",
+                     "|---|---|---|---|---|---|---|---|---|"]
+        for label, ids in groups:
+            b, c = discordant(semi, pure, ids)
+            acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
+            lines.append(f"| {k} | {label} | {len(ids)} | {acc_s:.1f} | {acc_p:.1f} | {acc_s - acc_p:+.1f} | "
+                         f"{b} | {c} | {mcnemar_exact(b, c):.2g} |")
     return lines
 
 
@@ -163,6 +199,8 @@ def main(argv=None) -> None:
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unique", action="store_true",
+                   help="held-out problems with distinct arithmetic (no two share numbers and operators)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="results/testbed")
     p.add_argument("--report-only", action="store_true")

@@ -81,9 +81,18 @@ def test_paired_table_uses_common_problems(tmp_path):
     write("pure", [True, False, False, True])  # first 4 problems only
     row = next(line for line in paired_table(tmp_path, n=500, shots=[0, 4]) if line.startswith("| 0 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:7] == ["0", "4", "75.0", "50.0", "+25.0", "2", "1"]
-    assert float(cells[7]) == pytest.approx(mcnemar_exact(2, 1))
+    assert cells[:8] == ["0", "all", "4", "75.0", "50.0", "+25.0", "2", "1"]
+    assert float(cells[8]) == pytest.approx(mcnemar_exact(2, 1))
     assert paired_table(tmp_path / "none", n=10, shots=[0]) == []
+
+    # per number of reasoning steps: p0, p2 have one step; p1, p3 two (p4, p5 are not in both files)
+    steps_of = {"p0": 1, "p1": 2, "p2": 1, "p3": 2, "p4": 3, "p5": 3}
+    rows = {cells[1]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in paired_table(tmp_path, n=500, shots=[0], steps_of=steps_of)
+                                          if line.startswith("| 0 |"))}
+    assert list(rows) == ["all", "1", "2"]
+    assert rows["1"][2:8] == ["2", "100.0", "50.0", "+50.0", "1", "0"]
+    assert rows["2"][2:8] == ["2", "50.0", "50.0", "+0.0", "1", "1"]
 
 
 def test_jsonl_log_resumes_after_truncated_line(tmp_path):
@@ -214,3 +223,28 @@ def test_testbed_refuses_samples_of_other_weights(tmp_path):
         check_log_resumable(log, "h1", "w2")
     with pytest.raises(ValueError, match="config"):
         check_log_resumable(log, "h2", "w1")
+
+
+def test_testbed_counts_distinct_problems_and_draws_unique_ones():
+    from argparse import Namespace
+
+    from dlm.tasks import problem_key
+    from experiments.testbed import per_key_accuracy, test_problems
+
+    args = Namespace(model=str(CKPT), n=120, seed=0, unique=False)
+    repeated = test_problems(args)
+    keys = [problem_key(p) for p in repeated]
+    assert len(set(keys)) < len(keys)  # the 1-2 step single-digit test split has few keys
+    unique = test_problems(Namespace(**{**vars(args), "n": 40, "unique": True}))
+    assert len({problem_key(p) for p in unique}) == 40
+    with pytest.raises(ValueError, match="unique problems"):
+        test_problems(Namespace(**{**vars(args), "n": 10_000, "unique": True}))
+
+    # brute force: group by key, average each group's accuracy, then average the groups
+    recs = [{"id": p.id, "correct": i % 3 == 0} for i, p in enumerate(repeated)]
+    groups = {}
+    for r, k in zip(recs, keys):
+        groups.setdefault(k, []).append(r["correct"])
+    n, acc = per_key_accuracy(recs, {p.id: k for p, k in zip(repeated, keys)})
+    assert n == len(groups)
+    assert acc == pytest.approx(sum(sum(g) / len(g) for g in groups.values()) / len(groups))
