@@ -50,7 +50,7 @@ def sampler_kwargs(name: str, gen_length: int) -> dict:
     return dict(gen_length=gen_length, block_length=c["block"] or gen_length, steps=gen_length // c["div"])
 
 
-def test_problems(args) -> list:
+def held_out_problems(args) -> list:
     """The first ``args.n`` held-out problems of the model's task; with ``args.unique`` no two share
     a canonical key (raises ``ValueError`` when the test split has fewer than n keys)."""
     return generate_problems(arith_config_of(args.model), args.n, split="test", seed=args.seed, unique=args.unique)
@@ -61,7 +61,7 @@ def run(args) -> None:
     model, tok = load_model(args.model, dtype=torch.float32)
     weights = weights_fingerprint(args.model)
     arith = arith_config_of(args.model)
-    problems = test_problems(args)
+    problems = held_out_problems(args)
     out = Path(args.out)
     for k in args.fewshot:
         shots = fewshot_examples(arith, k, seed=args.seed + 1) if k else ()
@@ -87,8 +87,9 @@ def per_key_accuracy(recs: list[dict], key_of: dict) -> tuple[int, float]:
 
 def report(args) -> None:
     out = Path(args.out)
-    problems = test_problems(args)
+    problems = held_out_problems(args)
     key_of = {p.id: problem_key(p) for p in problems}
+    target_of = {p.id: p.target_str for p in problems}
     rows = []
     for k in args.fewshot:
         for name in CONFIGS:
@@ -96,6 +97,9 @@ def report(args) -> None:
             if not f.exists():
                 continue
             recs = [r for r in JsonlLog(f).records][: args.n]
+            if any(target_of.get(r["id"]) != r["target"] for r in recs):
+                raise ValueError(f"{f} holds other held-out problems than --n/--seed/--unique and the "
+                                 f"model's task give; report it with the arguments it was run with")
             n, c = len(recs), sum(r["correct"] for r in recs)
             eos_steps = [r["first_eos_step"] for r in recs if r["first_eos_step"] >= 0]
             lo, hi = wilson_ci(c, n)

@@ -229,16 +229,16 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     from argparse import Namespace
 
     from dlm.tasks import problem_key
-    from experiments.testbed import per_key_accuracy, test_problems
+    from experiments.testbed import held_out_problems, per_key_accuracy
 
     args = Namespace(model=str(CKPT), n=120, seed=0, unique=False)
-    repeated = test_problems(args)
+    repeated = held_out_problems(args)
     keys = [problem_key(p) for p in repeated]
     assert len(set(keys)) < len(keys)  # the 1-2 step single-digit test split has few keys
-    unique = test_problems(Namespace(**{**vars(args), "n": 40, "unique": True}))
+    unique = held_out_problems(Namespace(**{**vars(args), "n": 40, "unique": True}))
     assert len({problem_key(p) for p in unique}) == 40
     with pytest.raises(ValueError, match="unique problems"):
-        test_problems(Namespace(**{**vars(args), "n": 10_000, "unique": True}))
+        held_out_problems(Namespace(**{**vars(args), "n": 10_000, "unique": True}))
 
     # brute force: group by key, average each group's accuracy, then average the groups
     recs = [{"id": p.id, "correct": i % 3 == 0} for i, p in enumerate(repeated)]
@@ -248,3 +248,18 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     n, acc = per_key_accuracy(recs, {p.id: k for p, k in zip(repeated, keys)})
     assert n == len(groups)
     assert acc == pytest.approx(sum(sum(g) / len(g) for g in groups.values()) / len(groups))
+
+
+def test_testbed_report_refuses_records_of_other_problems(tmp_path):
+    from argparse import Namespace
+
+    from experiments.testbed import held_out_problems, report
+
+    args = Namespace(model=str(CKPT), out=str(tmp_path), n=30, seed=0, unique=False, fewshot=[0], gen_length=256)
+    rec = {"correct": True, "first_eos_step": 1, "tokens_until_eos": 9, "prompt_length": 27, "prediction": ""}
+    (tmp_path / "semiar32_k0.jsonl").write_text("".join(
+        json.dumps({**rec, "id": p.id, "target": p.target_str}) + "\n" for p in held_out_problems(args)))
+    report(args)  # the problems these records were made for
+    assert "| semiar32 | 0 |" in (tmp_path / "testbed.md").read_text()
+    with pytest.raises(ValueError, match="other held-out problems"):
+        report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems
