@@ -14,7 +14,8 @@ Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, 
 default problems may repeat a key with other names, objects and phrasing, and the table counts
 the distinct ones. Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl``
 (resumable); the table ``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI,
-distinct problems, mean step of the first EOS commit, tokens until EOS, git SHA, config) are
+distinct problems, mean step of the first EOS commit, tokens until EOS, share of answers exactly as
+long as the reference, git SHA, config) are
 rebuilt from those files.
 """
 
@@ -26,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from dlm.checkpoints import load_model, weights_fingerprint
+from dlm.checkpoints import load_model, load_tokenizer, weights_fingerprint
 from dlm.sampling import generate
 from dlm.tasks import extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key
 from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
+from dlm.tasks.sft_data import encode_answer
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
                                 git_sha, repo_relative)
 
@@ -90,6 +92,9 @@ def report(args) -> None:
     problems = held_out_problems(args)
     key_of = {p.id: problem_key(p) for p in problems}
     target_of = {p.id: p.target_str for p in problems}
+    tok = load_tokenizer(args.model)
+    # the reference answer's length as the sampler counts it: answer tokens + the first EOS
+    ref_len = {p.id: len(encode_answer(tok, p.answer)) + 1 for p in problems}
     rows = []
     for k in args.fewshot:
         for name in CONFIGS:
@@ -108,6 +113,7 @@ def report(args) -> None:
                          "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
                          "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
+                         "length_as_reference": sum(r["tokens_until_eos"] == ref_len[r["id"]] for r in recs) / max(n, 1),
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
                          **sampler_kwargs(name, args.gen_length)})
@@ -118,16 +124,20 @@ def report(args) -> None:
              f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking"
              + (", held-out problems with distinct arithmetic (`--unique`)." if args.unique else "."), "",
              "`distinct`: how many different arithmetic problems (canonical keys: numbers and operators) the n",
-             "problems hold; `per distinct`: the mean over those of each one's accuracy.", "",
+             "problems hold; `per distinct`: the mean over those of each one's accuracy. `length = ref`: the",
+             "share of samples whose answer (tokens until the first EOS) is exactly as long as the reference",
+             "answer; where it is ~100%, the answer's length is decided by the question, and committing the",
+             "EOS tail first (pure diffusion) does not cut answers short.", "",
              "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | distinct | per distinct | "
-             "mean step of 1st EOS commit | tokens until EOS | no `####` line | prompt len |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean step of 1st EOS commit | tokens until EOS | length = ref | no `####` line | prompt len |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['shots']} | {r['block_length']} | {r['steps']} | "
                      f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
                      f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['distinct_problems']} | "
                      f"{100 * r['accuracy_per_distinct_problem']:.1f} | {r['mean_first_eos_step']:.1f} | "
-                     f"{r['mean_tokens_until_eos']:.1f} | {100 * r['no_final_line']:.1f}% | "
+                     f"{r['mean_tokens_until_eos']:.1f} | {100 * r['length_as_reference']:.1f}% | "
+                     f"{100 * r['no_final_line']:.1f}% | "
                      f"{r['mean_prompt_length']:.0f} |")
     lines += paired_table(out, args.n, args.fewshot, {p.id: len(parse_chain(p.answer)) for p in problems})
     lines += tokens_per_step_table(out, args.n, args.gen_length)

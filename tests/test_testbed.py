@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlm.checkpoints import load_tokenizer
 from dlm.sampling import generate
 from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
+from dlm.tasks.fewshot import DEFAULT_TEMPLATE
 from dlm.tasks.evaluate import evaluate_problems, left_pad, mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from dlm.tokenizer import build_tokenizer
@@ -256,10 +258,18 @@ def test_testbed_report_refuses_records_of_other_problems(tmp_path):
     from experiments.testbed import held_out_problems, report
 
     args = Namespace(model=str(CKPT), out=str(tmp_path), n=30, seed=0, unique=False, fewshot=[0], gen_length=256)
-    rec = {"correct": True, "first_eos_step": 1, "tokens_until_eos": 9, "prompt_length": 27, "prediction": ""}
+    rec = {"correct": True, "first_eos_step": 1, "prompt_length": 27, "prediction": ""}
+    problems = held_out_problems(args)
+    tok = load_tokenizer(CKPT)
+    # every third answer as long as the reference (its tokens + the first EOS), the others one longer
+    ref = [len(tok.encode(DEFAULT_TEMPLATE.completion(p.answer), add_special_tokens=False)) + 1 for p in problems]
+    until_eos = [r if i % 3 == 0 else r + 1 for i, r in enumerate(ref)]
     (tmp_path / "semiar32_k0.jsonl").write_text("".join(
-        json.dumps({**rec, "id": p.id, "target": p.target_str}) + "\n" for p in held_out_problems(args)))
+        json.dumps({**rec, "id": p.id, "target": p.target_str, "tokens_until_eos": t}) + "\n"
+        for p, t in zip(problems, until_eos)))
     report(args)  # the problems these records were made for
     assert "| semiar32 | 0 |" in (tmp_path / "testbed.md").read_text()
+    row = json.loads((tmp_path / "testbed.json").read_text())["rows"][0]
+    assert row["length_as_reference"] == pytest.approx(sum(i % 3 == 0 for i in range(30)) / 30)
     with pytest.raises(ValueError, match="other held-out problems"):
         report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems
