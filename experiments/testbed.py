@@ -113,7 +113,8 @@ def report(args) -> None:
                          "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
                          "mean_prompt_length": sum(r["prompt_length"] for r in recs) / max(n, 1),
-                         "length_as_reference": sum(r["tokens_until_eos"] == ref_len[r["id"]] for r in recs) / max(n, 1),
+                         "length_as_reference": sum(r["tokens_until_eos"] == ref_len[r["id"]] for r in recs)
+                         / max(n, 1),
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
                          **sampler_kwargs(name, args.gen_length)})
@@ -126,8 +127,8 @@ def report(args) -> None:
              "`distinct`: how many different arithmetic problems (canonical keys: numbers and operators) the n",
              "problems hold; `per distinct`: the mean over those of each one's accuracy. `length = ref`: the",
              "share of samples whose answer (tokens until the first EOS) is exactly as long as the reference",
-             "answer; where it is ~100%, the answer's length is decided by the question, and committing the",
-             "EOS tail first (pure diffusion) does not cut answers short.", "",
+             "answer; an EOS tail committed before the answer is worked out (pure diffusion commits it first)",
+             "shows up as answers of the wrong length.", "",
              "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | distinct | per distinct | "
              "mean step of 1st EOS commit | tokens until EOS | length = ref | no `####` line | prompt len |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
