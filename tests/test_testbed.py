@@ -9,7 +9,6 @@ import torch
 from dlm.checkpoints import load_tokenizer
 from dlm.sampling import generate
 from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
-from dlm.tasks.fewshot import DEFAULT_TEMPLATE
 from dlm.tasks.evaluate import evaluate_problems, left_pad, mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from dlm.tokenizer import build_tokenizer
@@ -252,7 +251,7 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     assert acc == pytest.approx(sum(sum(g) / len(g) for g in groups.values()) / len(groups))
 
 
-def test_testbed_report_refuses_records_of_other_problems(tmp_path):
+def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     from argparse import Namespace
 
     from experiments.testbed import held_out_problems, report
@@ -262,7 +261,7 @@ def test_testbed_report_refuses_records_of_other_problems(tmp_path):
     problems = held_out_problems(args)
     tok = load_tokenizer(CKPT)
     # every third answer as long as the reference (its tokens + the first EOS), the others one longer
-    ref = [len(tok.encode(DEFAULT_TEMPLATE.completion(p.answer), add_special_tokens=False)) + 1 for p in problems]
+    ref = [len(encode_answer(tok, p.answer)) + 1 for p in problems]
     until_eos = [r if i % 3 == 0 else r + 1 for i, r in enumerate(ref)]
     (tmp_path / "semiar32_k0.jsonl").write_text("".join(
         json.dumps({**rec, "id": p.id, "target": p.target_str, "tokens_until_eos": t}) + "\n"
