@@ -74,6 +74,8 @@ def main(argv=None) -> None:
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
     p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
     p.add_argument("--fewshot-prob", type=float, default=0.25)
+    p.add_argument("--direct-prob", type=float, default=0.0,
+                   help="share of training answers cut to their final '#### N' line (no chain of thought)")
     p.add_argument("--short-steps", type=int, default=0,
                    help="curriculum: the first N steps train on the shortest response length only")
     p.add_argument("--weighting", default="elbo", choices=["elbo", "uniform"],
@@ -92,7 +94,8 @@ def main(argv=None) -> None:
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),
-                                         fewshot_prob=args.fewshot_prob, short_steps=args.short_steps))
+                                         fewshot_prob=args.fewshot_prob, short_steps=args.short_steps,
+                                         direct_prob=args.direct_prob))
     if args.init:
         model, _ = load_model(args.init, dtype=torch.float32)
     else:

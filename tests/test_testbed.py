@@ -214,6 +214,29 @@ def test_sft_batches_one_shot_count_per_batch(tok):
         SFTDataConfig(max_shots=0)
 
 
+def test_sft_batches_direct_answers(tok):
+    """``direct_prob``: that share of rows answers with the final ``#### N`` line only; the
+    prompts, and the other rows, are those of the batch without it."""
+    arith = ArithConfig(min_steps=2, max_steps=3, max_value=9)
+    cfg = dict(arith=arith, batch_size=64, response_lengths=(48,), response_probs=(1.0,), fewshot_prob=0.0)
+    full = SFTBatches(tok, SFTDataConfig(**cfg))(0, torch.Generator().manual_seed(5))
+    mixed = SFTBatches(tok, SFTDataConfig(**cfg, direct_prob=0.5))(0, torch.Generator().manual_seed(5))
+    assert torch.equal(full["prompt_lengths"], mixed["prompt_lengths"])
+    eos = tok.eos_token_id
+    n_direct = 0
+    for row_full, row_mixed, p in zip(full["input_ids"], mixed["input_ids"], full["prompt_lengths"]):
+        assert torch.equal(row_full[:p], row_mixed[:p])
+        answer_full = tok.decode([t for t in row_full[p:].tolist() if t != eos])
+        answer_mixed = tok.decode([t for t in row_mixed[p:].tolist() if t != eos])
+        assert answer_full.count("=") >= 2  # two or more chain lines without direct answers
+        if answer_mixed != answer_full:
+            n_direct += 1
+            assert "=" not in answer_mixed and answer_mixed.strip() == answer_full.split("\n")[-1].strip()
+    assert 16 <= n_direct <= 48  # Binomial(64, 0.5)
+    with pytest.raises(ValueError, match="direct_prob"):
+        SFTDataConfig(direct_prob=1.0)
+
+
 def test_testbed_refuses_samples_of_other_weights(tmp_path):
     from experiments.common import check_log_resumable
 

@@ -34,6 +34,9 @@ class SFTDataConfig:
     # block-aligned SFT) does not turn a long-prompt/short-prompt mix into hundreds of EOS columns
     shots_per_batch: bool = False
     short_steps: int = 0  # curriculum: steps [0, short_steps) use min(response_lengths), no shots
+    # share of rows whose answer is only its final line ``#### N`` (no chain of thought): SFT data
+    # in which a short answer is plausible for every question, as in real instruction data
+    direct_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.response_lengths) != len(self.response_probs):
@@ -48,6 +51,8 @@ class SFTDataConfig:
             raise ValueError(f"max_shots must be an int >= 1, got {self.max_shots!r}")
         if not 0 <= self.fewshot_prob <= 1:
             raise ValueError(f"fewshot_prob must lie in [0, 1], got {self.fewshot_prob}")
+        if not 0 <= self.direct_prob < 1:
+            raise ValueError(f"direct_prob must lie in [0, 1), got {self.direct_prob}")
 
 
 def encode_prompt(tokenizer, question: str, shots=()) -> list[int]:
@@ -56,6 +61,11 @@ def encode_prompt(tokenizer, question: str, shots=()) -> list[int]:
 
 def encode_answer(tokenizer, answer: str) -> list[int]:
     return tokenizer.encode(DEFAULT_TEMPLATE.completion(answer), add_special_tokens=False)
+
+
+def direct_answer(answer: str) -> str:
+    """The answer without its chain of thought: only the final ``#### N`` line."""
+    return answer.rsplit("\n", 1)[-1]
 
 
 def pad_rows(prompts: list[list[int]], answers: list[list[int]], response_len: int, eos_id: int,
@@ -106,5 +116,9 @@ class SFTBatches:
                 k = k_batch or int(torch.randint(1, cfg.max_shots + 1, (1,), generator=generator))
                 shots = generate_problems(cfg.arith, k, split="train", seed=seed + 7919 * (i + 1))
             prompts.append(encode_prompt(self.tok, pr.question, shots))
-        answers = [encode_answer(self.tok, pr.answer) for pr in problems]
+        texts = [pr.answer for pr in problems]
+        if cfg.direct_prob > 0:  # no draw otherwise, so older recipes replay bit for bit
+            direct = (torch.rand(len(texts), generator=generator) < cfg.direct_prob).tolist()
+            texts = [direct_answer(t) if d else t for t, d in zip(texts, direct)]
+        answers = [encode_answer(self.tok, t) for t in texts]
         return pad_rows(prompts, answers, response_len, self.tok.eos_token_id)
