@@ -43,7 +43,10 @@ CONFIGS = {
     "pure_s4": dict(block=None, div=4), "pure_s8": dict(block=None, div=8),
     "semiar32_s16": dict(block=32, div=16), "semiar32_s32": dict(block=32, div=32),
     "pure_s16": dict(block=None, div=16), "pure_s32": dict(block=None, div=32),
+    "semiar16": dict(block=16, div=1), "semiar8": dict(block=8, div=1),
 }
+#: Semi-AR configs that the paired table sets against pure diffusion (1 token per step).
+SEMIAR_VS_PURE = ("semiar32", "semiar16", "semiar8")
 DIVS = (1, 2, 4, 8, 16, 32)
 
 
@@ -76,6 +79,12 @@ def run(args) -> None:
                                tags={"strategy": name, "shots": k}, batch_size=args.batch_size, shots=shots,
                                label=f"{name} k={k}", **kw)
     report(args)
+
+
+def is_direct_answer(prediction: str) -> bool:
+    """Whether a generated answer skips the chain of thought: it has its ``#### N`` line but no
+    ``a op b = c`` line before it (the short answer an EOS tail committed first leaves room for)."""
+    return extract_strict(prediction) is not None and "=" not in prediction.split("####")[0]
 
 
 def per_key_accuracy(recs: list[dict], key_of: dict) -> tuple[int, float]:
@@ -116,6 +125,7 @@ def report(args) -> None:
                          "length_as_reference": sum(r["tokens_until_eos"] == ref_len[r["id"]] for r in recs)
                          / max(n, 1),
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
+                         "direct_answers": sum(is_direct_answer(r["prediction"]) for r in recs) / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
@@ -128,17 +138,18 @@ def report(args) -> None:
              "problems hold; `per distinct`: the mean over those of each one's accuracy. `length = ref`: the",
              "share of samples whose answer (tokens until the first EOS) is exactly as long as the reference",
              "answer; an EOS tail committed before the answer is worked out (pure diffusion commits it first)",
-             "shows up as answers of the wrong length.", "",
+             "shows up as answers of the wrong length. `direct`: the share of answers that give `#### N` with no",
+             "reasoning line before it.", "",
              "| config | shots | block | steps | tokens/step | n | accuracy | 95% CI | distinct | per distinct | "
-             "mean step of 1st EOS commit | tokens until EOS | length = ref | no `####` line | prompt len |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean step of 1st EOS commit | tokens until EOS | length = ref | no `####` line | direct | prompt len |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['shots']} | {r['block_length']} | {r['steps']} | "
                      f"{r['gen_length'] // r['steps']} | {r['n']} | {100 * r['accuracy']:.1f} | "
                      f"[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}] | {r['distinct_problems']} | "
                      f"{100 * r['accuracy_per_distinct_problem']:.1f} | {r['mean_first_eos_step']:.1f} | "
                      f"{r['mean_tokens_until_eos']:.1f} | {100 * r['length_as_reference']:.1f}% | "
-                     f"{100 * r['no_final_line']:.1f}% | "
+                     f"{100 * r['no_final_line']:.1f}% | {100 * r['direct_answers']:.1f}% | "
                      f"{r['mean_prompt_length']:.0f} |")
     lines += paired_table(out, args.n, args.fewshot, {p.id: len(parse_chain(p.answer)) for p in problems})
     lines += tokens_per_step_table(out, args.n, args.gen_length)
@@ -152,30 +163,32 @@ def discordant(a: dict, b: dict, ids) -> tuple[int, int]:
 
 
 def paired_table(out: Path, n: int, shots: list[int], steps_of: dict | None = None) -> list[str]:
-    """Semi-AR vs pure diffusion on the problems both files hold: accuracies, the discordant
+    """Semi-AR (each block of :data:`SEMIAR_VS_PURE` whose file exists) vs pure diffusion on the
+    problems both files hold: accuracies, the discordant
     pairs and the exact McNemar p-value of the gap; with ``steps_of`` (id -> reasoning steps of
     the reference answer) also one row per number of steps, where answer length is decided."""
     lines = []
     for k in shots:
-        files = [out / f"{m}_k{k}.jsonl" for m in ("semiar32", "pure")]
-        if not all(f.exists() for f in files):
-            continue
-        semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
-        common = sorted(set(semi) & set(pure))
-        groups = [("all", common)]
-        if steps_of:
-            groups += [(str(s), [i for i in common if steps_of.get(i) == s])
-                       for s in sorted({steps_of[i] for i in common if i in steps_of})]
-        if not lines:
-            lines = ["", "Semi-AR (blocks of 32) vs pure diffusion on the same problems, 1 token/step:", "",
-                     "| shots | reasoning steps | problems | semi-AR | pure | gap (points) | only semi-AR | "
-                     "only pure | McNemar p |",
-                     "|---|---|---|---|---|---|---|---|---|"]
-        for label, ids in groups:
-            b, c = discordant(semi, pure, ids)
-            acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
-            lines.append(f"| {k} | {label} | {len(ids)} | {acc_s:.1f} | {acc_p:.1f} | {acc_s - acc_p:+.1f} | "
-                         f"{b} | {c} | {mcnemar_exact(b, c):.2g} |")
+        for semi_name in SEMIAR_VS_PURE:
+            files = [out / f"{m}_k{k}.jsonl" for m in (semi_name, "pure")]
+            if not all(f.exists() for f in files):
+                continue
+            semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
+            common = sorted(set(semi) & set(pure))
+            groups = [("all", common)]
+            if steps_of:
+                groups += [(str(s), [i for i in common if steps_of.get(i) == s])
+                           for s in sorted({steps_of[i] for i in common if i in steps_of})]
+            if not lines:
+                lines = ["", "Semi-AR vs pure diffusion on the same problems, 1 token/step:", "",
+                         "| shots | semi-AR block | reasoning steps | problems | semi-AR | pure | gap (points) | "
+                         "only semi-AR | only pure | McNemar p |",
+                         "|---|---|---|---|---|---|---|---|---|---|"]
+            for label, ids in groups:
+                b, c = discordant(semi, pure, ids)
+                acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
+                lines.append(f"| {k} | {CONFIGS[semi_name]['block']} | {label} | {len(ids)} | {acc_s:.1f} | "
+                             f"{acc_p:.1f} | {acc_s - acc_p:+.1f} | {b} | {c} | {mcnemar_exact(b, c):.2g} |")
     return lines
 
 

@@ -142,6 +142,43 @@ def test_verbose_cot_same_problems_retold_steps(config):
     assert len(n_lines) > 10  # the retold phrasing varies
 
 
+@pytest.mark.parametrize("config", [ArithConfig(max_value=9), ArithConfig(ops=("+", "-", "*"), max_steps=3)])
+def test_checked_cot_same_problems_optional_check_lines(config):
+    """``cot="checked"`` keeps the problem stream and the terse lines, and after each step
+    writes its check (the inverse operation, in parentheses) or nothing, each about half the
+    time, so one question's answers take several lengths."""
+    undo = {"+": "-", "-": "+", "*": "/"}
+    checked_cfg = ArithConfig(**{**config.__dict__, "cot": "checked"})
+    terse = generate_problems(config, 300, "test", seed=2)
+    checked = generate_problems(checked_cfg, 300, "test", seed=2)
+    assert [(p.id, p.question, p.target) for p in checked] == [(p.id, p.question, p.target) for p in terse]
+    n_checks, n_steps, patterns = 0, 0, set()
+    for t, c in zip(terse, checked):
+        chain = parse_chain(t.answer)
+        assert parse_chain(c.answer) == chain and problem_key(c) == problem_key(t)
+        expected = t.answer.split("\n")[:-1]
+        lines = c.answer.split("\n")
+        assert lines[-1] == f"#### {t.target}"
+        pattern = []
+        for line in lines[:-1]:  # brute force: the terse lines in order, each maybe followed by its check
+            if line.startswith("("):
+                a, op, b, r = chain[len(pattern) - 1]
+                assert pattern and not pattern[-1] and line == f"({r} {undo[op]} {b} = {a})"
+                pattern[-1] = True
+            else:
+                assert line == expected[len(pattern)]
+                pattern.append(False)
+        assert len(pattern) == len(chain)
+        n_checks, n_steps = n_checks + sum(pattern), n_steps + len(pattern)
+        patterns.add(tuple(pattern))
+    assert 0.4 < n_checks / n_steps < 0.6
+    assert {(False, False), (False, True), (True, False), (True, True)} <= patterns
+    with pytest.raises(ValueError, match="does not undo"):
+        parse_chain("7 - 3 = 4\n(4 + 2 = 6)\n#### 4")
+    with pytest.raises(ValueError, match="does not undo"):
+        parse_chain("(4 + 3 = 7)\n7 - 3 = 4\n#### 4")
+
+
 def test_multiplication_is_actually_used():
     problems = generate_problems(ArithConfig(ops=("+", "*")), 300, seed=0)
     assert sum("*" in p.answer for p in problems) > 50

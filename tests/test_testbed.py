@@ -81,19 +81,22 @@ def test_paired_table_uses_common_problems(tmp_path):
     write("semiar32", [True, True, True, False, True, True])
     write("pure", [True, False, False, True])  # first 4 problems only
     row = next(line for line in paired_table(tmp_path, n=500, shots=[0, 4]) if line.startswith("| 0 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:8] == ["0", "all", "4", "75.0", "50.0", "+25.0", "2", "1"]
-    assert float(cells[8]) == pytest.approx(mcnemar_exact(2, 1))
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]  # after shots and the block (32)
+    assert cells[:7] == ["all", "4", "75.0", "50.0", "+25.0", "2", "1"] and row.startswith("| 0 | 32 |")
+    assert float(cells[7]) == pytest.approx(mcnemar_exact(2, 1))
     assert paired_table(tmp_path / "none", n=10, shots=[0]) == []
 
     # per number of reasoning steps: p0, p2 have one step; p1, p3 two (p4, p5 are not in both files)
     steps_of = {"p0": 1, "p1": 2, "p2": 1, "p3": 2, "p4": 3, "p5": 3}
-    rows = {cells[1]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+    rows = {cells[1]: cells for cells in ([c.strip() for c in line.strip("|").split("|")][1:]
                                           for line in paired_table(tmp_path, n=500, shots=[0], steps_of=steps_of)
                                           if line.startswith("| 0 |"))}
     assert list(rows) == ["all", "1", "2"]
     assert rows["1"][2:8] == ["2", "100.0", "50.0", "+50.0", "1", "0"]
     assert rows["2"][2:8] == ["2", "50.0", "50.0", "+0.0", "1", "1"]
+    write("semiar8", [False, True, True, True, True])  # a second semi-AR block, against the same pure file
+    block8 = [line for line in paired_table(tmp_path, n=500, shots=[0]) if line.startswith("| 0 | 8 | all |")]
+    assert len(block8) == 1 and block8[0].split("|")[4:10] == [" 4 ", " 75.0 ", " 50.0 ", " +25.0 ", " 2 ", " 1 "]
 
 
 def test_jsonl_log_resumes_after_truncated_line(tmp_path):
@@ -274,6 +277,15 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     assert acc == pytest.approx(sum(sum(g) / len(g) for g in groups.values()) / len(groups))
 
 
+def test_is_direct_answer():
+    from experiments.testbed import is_direct_answer
+
+    assert is_direct_answer("#### 7") and is_direct_answer("Ann has 7 pens.\n#### 7")
+    assert not is_direct_answer("3 + 4 = 7\n#### 7")
+    assert not is_direct_answer("She finds 4 more. 3 + 4 = 7\n#### 7")
+    assert not is_direct_answer("3 + 4 = 7") and not is_direct_answer("")
+
+
 def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     from argparse import Namespace
 
@@ -286,12 +298,16 @@ def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     # every third answer as long as the reference (its tokens + the first EOS), the others one longer
     ref = [len(encode_answer(tok, p.answer)) + 1 for p in problems]
     until_eos = [r if i % 3 == 0 else r + 1 for i, r in enumerate(ref)]
+    # a chain, a direct answer (no reasoning line) and no answer at all, in turn
+    predictions = ["Ann has 3 pens.\n3 - 2 = 1\n#### 1", "#### 1", "3 - 2 = 1"]
     (tmp_path / "semiar32_k0.jsonl").write_text("".join(
-        json.dumps({**rec, "id": p.id, "target": p.target_str, "tokens_until_eos": t}) + "\n"
-        for p, t in zip(problems, until_eos)))
+        json.dumps({**rec, "id": p.id, "target": p.target_str, "tokens_until_eos": t,
+                    "prediction": predictions[i % 3]}) + "\n"
+        for i, (p, t) in enumerate(zip(problems, until_eos))))
     report(args)  # the problems these records were made for
     assert "| semiar32 | 0 |" in (tmp_path / "testbed.md").read_text()
     row = json.loads((tmp_path / "testbed.json").read_text())["rows"][0]
     assert row["length_as_reference"] == pytest.approx(sum(i % 3 == 0 for i in range(30)) / 30)
+    assert row["direct_answers"] == pytest.approx(1 / 3) and row["no_final_line"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="other held-out problems"):
         report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems

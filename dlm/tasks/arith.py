@@ -43,7 +43,7 @@ __all__ = [
 #: Supported split names.
 SPLITS = ("train", "test")
 #: Chain-of-thought styles of :class:`ArithConfig`.
-COT_STYLES = ("terse", "verbose")
+COT_STYLES = ("terse", "verbose", "checked")
 #: One key in ``_BUCKETS`` buckets (bucket 0) belongs to the test split.
 _BUCKETS = 10
 #: Give up after this many consecutive rejected samples.
@@ -73,6 +73,10 @@ _LINE_RE = re.compile(r"(?:[A-Z][a-z]+ [a-z ]*\d+[a-z ]*\. )?(\d+) ([-+*]) (\d+)
 #: A verbose narrative line (the opening and the final amount).
 _AMOUNT_RE = re.compile(r"[A-Z][a-z]+ has \d+ [a-z]+\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+#: The operator that undoes each operator, for the check lines of ``cot="checked"``.
+_INVERSE = {"+": "-", "-": "+", "*": "/"}
+#: A check line: ``(c inverse-op b = a)``.
+_CHECK_RE = re.compile(r"\((\d+) ([-+/]) (\d+) = (\d+)\)")
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -99,7 +103,10 @@ class ArithConfig:
             operation.  ``"verbose"``: the opening amount, each operation
             retold in a freshly drawn phrasing before its equation, and the
             final amount, so the answer's length and wording are not fixed by
-            the question (see :data:`COT_STYLES`).
+            the question (see :data:`COT_STYLES`).  ``"checked"``: the terse
+            lines, each followed with probability 1/2 by its check, the inverse
+            operation in parentheses (``7 - 3 = 4`` then ``(4 + 3 = 7)``), so one
+            question of n steps has answers of n + 1 different lengths.
     """
 
     min_steps: int = 1
@@ -147,7 +154,8 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
     """Parse an arithmetic answer into ``(a, op, b, c)`` lines.
 
     Raises:
-        ValueError: if a reasoning line is not ``"a op b = c"``, the final line
+        ValueError: if a reasoning line is not ``"a op b = c"``, a check line
+            ``"(c inv b = a)"`` does not undo the step before it, the final line
             is not ``"#### n"``, or ``n`` differs from the last result.
     """
     if not isinstance(answer, str):
@@ -156,6 +164,13 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
     chain = []
     for line in lines:
         if _AMOUNT_RE.fullmatch(line):  # verbose narrative line ("Ann has 7 apples.")
+            continue
+        check = _CHECK_RE.fullmatch(line)
+        if check is not None:  # "(c inv b = a)" after the step "a op b = c" it checks
+            c, inv, b, a = check.groups()
+            if not chain or (chain[-1][0], _INVERSE[chain[-1][1]], chain[-1][2], chain[-1][3]) != (
+                    int(a), inv, int(b), int(c)):
+                raise ValueError(f"check line {line!r} does not undo the step before it")
             continue
         match = _LINE_RE.fullmatch(line)
         if match is None:
@@ -216,8 +231,9 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
             cot: str) -> tuple[str, str, int]:
     """Turn arithmetic into (question, answer, final value) text.
 
-    ``cot="verbose"`` draws each retold phrasing from ``style_rng``, independently of the
-    question's phrasing, so the problems (and their order) are the same in both styles.
+    The answer's style choices (``"verbose"``: each retold phrasing; ``"checked"``: which steps
+    get a check line) are drawn from ``style_rng``, independently of the question's phrasing, so
+    the problems (and their order) are the same in every style.
     """
     name, pronoun = rng.choice(NAMES)
     singular, plural = rng.choice(OBJECTS)
@@ -233,6 +249,8 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
         result = _APPLY[op](current, b)
         retold = style_rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b) + " " if cot == "verbose" else ""
         lines.append(f"{retold}{current} {op} {b} = {result}")
+        if cot == "checked" and style_rng.random() < 0.5:
+            lines.append(f"({result} {_INVERSE[op]} {b} = {current})")
         current = result
     if cot == "verbose":
         lines.append(amount(current))
