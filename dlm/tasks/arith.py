@@ -106,7 +106,8 @@ class ArithConfig:
             the question (see :data:`COT_STYLES`).  ``"checked"``: the terse
             lines, each followed with probability 1/2 by its check, the inverse
             operation in parentheses (``7 - 3 = 4`` then ``(4 + 3 = 7)``), so one
-            question of n steps has answers of n + 1 different lengths.
+            question of n steps has answers with 0 to n check lines, of as
+            many lengths.
     """
 
     min_steps: int = 1
@@ -166,10 +167,9 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
         if _AMOUNT_RE.fullmatch(line):  # verbose narrative line ("Ann has 7 apples.")
             continue
         check = _CHECK_RE.fullmatch(line)
-        if check is not None:  # "(c inv b = a)" after the step "a op b = c" it checks
-            c, inv, b, a = check.groups()
-            if not chain or (chain[-1][0], _INVERSE[chain[-1][1]], chain[-1][2], chain[-1][3]) != (
-                    int(a), inv, int(b), int(c)):
+        if check is not None:  # "(c inv b = a)" right after the step "a op b = c" it checks
+            a, op, b, c = chain[-1] if chain else (None, None, None, None)
+            if (int(check[1]), check[2], int(check[3]), int(check[4])) != (c, _INVERSE.get(op), b, a):
                 raise ValueError(f"check line {line!r} does not undo the step before it")
             continue
         match = _LINE_RE.fullmatch(line)
