@@ -9,13 +9,15 @@ Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, 
   semiar32_sD     blocks of 32, steps = G/D for D in 2, 4, 8, 16, 32 (D tokens / step; D = 32
                   decodes each block of 32 in one step)
   pure_sD         pure diffusion with G/D steps
+  semiar16, semiar8  blocks of 16 / 8, steps = G (1 token / step; for answers shorter than 32
+                  tokens, where one block of 32 holds the whole answer)
 
 ``--unique`` draws held-out problems that all differ in their arithmetic (canonical key); by
 default problems may repeat a key with other names, objects and phrasing, and the table counts
 the distinct ones. Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl``
 (resumable); the table ``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI,
 distinct problems, mean step of the first EOS commit, tokens until EOS, share of answers exactly as
-long as the reference, git SHA, config) are
+long as the reference, share of direct answers, git SHA, config) are
 rebuilt from those files.
 """
 
