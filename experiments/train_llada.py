@@ -1,12 +1,12 @@
 """Retrain the embedded LLaDA-style (bidirectional) model from scratch, in three phases.
 
     # phase 1 (~35 min on one core): learn the task on short EOS-padded answers
-    OMP_NUM_THREADS=1 python -m experiments.train_llada --out runs/llada-p1 --steps 2600 \
-        --short-steps 2000 --max-value 9 --weighting uniform \
-        --response-lengths 32 256 512 --response-probs 0.8 0.15 0.05 --fewshot-prob 0.2
+    OMP_NUM_THREADS=1 python -m experiments.train_llada --out runs/llada-p1 --d-model 128 --n-layers 4 \
+        --n-heads 4 --lr 3e-3 --warmup 100 --ema 0 --steps 2600 --short-steps 2000 --max-value 9 \
+        --weighting uniform --response-lengths 32 256 512 --response-probs 0.8 0.15 0.05 --fewshot-prob 0.2
     # phase 2 (~14 min): long EOS tails (generation lengths 64-512) and few-shot prompts
     OMP_NUM_THREADS=1 python -m experiments.train_llada --init runs/llada-p1/model --out runs/llada-p2 \
-        --steps 1000 --batch-size 16 --lr 1e-3 --warmup 50 --max-value 9 --weighting uniform \
+        --steps 1000 --batch-size 16 --lr 1e-3 --warmup 50 --ema 0 --max-value 9 --weighting uniform \
         --response-lengths 32 64 256 512 --response-probs 0.2 0.2 0.4 0.2 --fewshot-prob 0.2
     # phase 3 (~2 x 17 min): worked examples in 60% of the batches, 600 steps then 900 more
     # (--init runs/llada-p2/model --out runs/llada-p3a, then --init runs/llada-p3a/model
@@ -74,6 +74,9 @@ def main(argv=None) -> None:
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
     p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
     p.add_argument("--fewshot-prob", type=float, default=0.25)
+    p.add_argument("--shots-per-batch", action="store_true",
+                   help="one shot count per few-shot batch instead of one per row: the rows are then "
+                        "padded to ~k shots, not to the longest of 1-8 (about half the compute)")
     p.add_argument("--direct-prob", type=float, default=0.0,
                    help="share of training answers cut to their final '#### N' line (no chain of thought)")
     p.add_argument("--short-steps", type=int, default=0,
@@ -95,6 +98,7 @@ def main(argv=None) -> None:
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),
                                          fewshot_prob=args.fewshot_prob, short_steps=args.short_steps,
+                                         shots_per_batch=args.shots_per_batch,
                                          direct_prob=args.direct_prob))
     if args.init:
         model, _ = load_model(args.init, dtype=torch.float32)

@@ -311,3 +311,25 @@ def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     assert row["direct_answers"] == pytest.approx(1 / 3) and row["no_final_line"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="other held-out problems"):
         report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems
+
+
+def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):
+    """The retrain script end to end on a tiny net: the data flags reach ``SFTDataConfig``, the
+    checkpoint loads, and its ``config.json`` records the flags and the task it was trained on."""
+    from dlm.checkpoints import load_model
+    from experiments import train_llada
+
+    seen = []
+    monkeypatch.setattr(train_llada, "SFTBatches", lambda tok, cfg: seen.append(cfg) or SFTBatches(tok, cfg))
+    out = tmp_path / "run"
+    train_llada.main(["--out", str(out), "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+                      "--max-seq-len", "512", "--steps", "2", "--batch-size", "2", "--max-value", "9",
+                      "--response-lengths", "32", "--response-probs", "1", "--fewshot-prob", "1",
+                      "--shots-per-batch", "--warmup", "1", "--eval-every", "0", "--save-every", "2"])
+    assert '"steps": 2' in capsys.readouterr().out
+    assert [(c.shots_per_batch, c.fewshot_prob, c.response_lengths) for c in seen] == [(True, 1.0, (32,))]
+    extra = json.loads((out / "model" / "config.json").read_text())["extra"]
+    assert extra["args"]["shots_per_batch"] is True and extra["recipe"] == "llada-sft"
+    assert extra["arith"]["max_value"] == 9
+    model, tok = load_model(out / "model", dtype=torch.float32)
+    assert model.config.d_model == 16 and tok.eos_token_id == model.config.eos_token_id
