@@ -68,6 +68,7 @@ def main(argv=None) -> None:
     p.add_argument("--n-heads", type=int, default=6)
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--max-value", type=int, default=50)
+    p.add_argument("--min-steps-per-problem", type=int, default=1)
     p.add_argument("--max-steps-per-problem", type=int, default=2)
     p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
                    help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
@@ -93,7 +94,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     tok = build_tokenizer()
-    arith = ArithConfig(max_steps=args.max_steps_per_problem, max_value=args.max_value, cot=args.cot)
+    arith = ArithConfig(min_steps=args.min_steps_per_problem, max_steps=args.max_steps_per_problem,
+                        max_value=args.max_value, cot=args.cot)
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),

@@ -143,16 +143,18 @@ def test_verbose_cot_same_problems_retold_steps(config):
 
 
 @pytest.mark.parametrize("config", [ArithConfig(max_value=9), ArithConfig(ops=("+", "-", "*"), max_steps=3)])
-def test_checked_cot_same_problems_optional_check_lines(config):
+@pytest.mark.parametrize("cot", ["checked", "final_check"])
+def test_checked_cot_same_problems_optional_check_lines(config, cot):
     """``cot="checked"`` keeps the problem stream and the terse lines, and after each step
     writes its check (the inverse operation, in parentheses) or nothing, each about half the
-    time, so one question's answers take several lengths."""
+    time, so one question's answers take several lengths; ``"final_check"`` does so after the
+    last step only."""
     undo = {"+": "-", "-": "+", "*": "/"}
-    checked_cfg = ArithConfig(**{**config.__dict__, "cot": "checked"})
+    checked_cfg = ArithConfig(**{**config.__dict__, "cot": cot})
     terse = generate_problems(config, 300, "test", seed=2)
     checked = generate_problems(checked_cfg, 300, "test", seed=2)
     assert [(p.id, p.question, p.target) for p in checked] == [(p.id, p.question, p.target) for p in terse]
-    n_checks, n_steps, patterns = 0, 0, set()
+    n_checks, n_checkable, patterns = 0, 0, set()
     for t, c in zip(terse, checked):
         chain = parse_chain(t.answer)
         assert parse_chain(c.answer) == chain and problem_key(c) == problem_key(t)
@@ -169,10 +171,14 @@ def test_checked_cot_same_problems_optional_check_lines(config):
                 assert line == expected[len(pattern)]
                 pattern.append(False)
         assert len(pattern) == len(chain)
-        n_checks, n_steps = n_checks + sum(pattern), n_steps + len(pattern)
+        if cot == "final_check":
+            assert not any(pattern[:-1])
+        n_checks += sum(pattern)
+        n_checkable += len(pattern) if cot == "checked" else 1
         patterns.add(tuple(pattern))
-    assert 0.4 < n_checks / n_steps < 0.6
-    assert {(False, False), (False, True), (True, False), (True, True)} <= patterns
+    assert 0.4 < n_checks / n_checkable < 0.6
+    both = {(False, False), (False, True)}
+    assert both | {(True, False), (True, True)} <= patterns if cot == "checked" else both <= patterns
     with pytest.raises(ValueError, match="does not undo"):
         parse_chain("7 - 3 = 4\n(4 + 2 = 6)\n#### 4")
     with pytest.raises(ValueError, match="does not undo"):

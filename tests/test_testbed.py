@@ -12,7 +12,7 @@ from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
 from dlm.tasks.evaluate import evaluate_problems, left_pad, mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from dlm.tokenizer import build_tokenizer
-from experiments.common import JsonlLog
+from experiments.common import JsonlLog, arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 
@@ -324,12 +324,14 @@ def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     train_llada.main(["--out", str(out), "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
                       "--max-seq-len", "512", "--steps", "2", "--batch-size", "2", "--max-value", "9",
+                      "--min-steps-per-problem", "2", "--max-steps-per-problem", "3",
                       "--response-lengths", "32", "--response-probs", "1", "--fewshot-prob", "1",
                       "--shots-per-batch", "--warmup", "1", "--eval-every", "0", "--save-every", "2"])
     assert '"steps": 2' in capsys.readouterr().out
     assert [(c.shots_per_batch, c.fewshot_prob, c.response_lengths) for c in seen] == [(True, 1.0, (32,))]
     extra = json.loads((out / "model" / "config.json").read_text())["extra"]
     assert extra["args"]["shots_per_batch"] is True and extra["recipe"] == "llada-sft"
-    assert extra["arith"]["max_value"] == 9
+    assert (extra["arith"]["max_value"], extra["arith"]["min_steps"], extra["arith"]["max_steps"]) == (9, 2, 3)
+    assert arith_config_of(out / "model") == ArithConfig(min_steps=2, max_steps=3, max_value=9)
     model, tok = load_model(out / "model", dtype=torch.float32)
     assert model.config.d_model == 16 and tok.eos_token_id == model.config.eos_token_id

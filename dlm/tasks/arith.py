@@ -43,7 +43,7 @@ __all__ = [
 #: Supported split names.
 SPLITS = ("train", "test")
 #: Chain-of-thought styles of :class:`ArithConfig`.
-COT_STYLES = ("terse", "verbose", "checked")
+COT_STYLES = ("terse", "verbose", "checked", "final_check")
 #: One key in ``_BUCKETS`` buckets (bucket 0) belongs to the test split.
 _BUCKETS = 10
 #: Give up after this many consecutive rejected samples.
@@ -107,7 +107,10 @@ class ArithConfig:
             lines, each followed with probability 1/2 by its check, the inverse
             operation in parentheses (``7 - 3 = 4`` then ``(4 + 3 = 7)``), so one
             question of n steps has answers with 0 to n check lines, of as
-            many lengths.
+            many lengths.  ``"final_check"``: the terse lines, and with
+            probability 1/2 the check of the last step only, so every reasoning
+            line keeps the fixed place it has in ``"terse"`` and the answer has
+            exactly two lengths (the only optional text is at its end).
     """
 
     min_steps: int = 1
@@ -232,8 +235,9 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
     """Turn arithmetic into (question, answer, final value) text.
 
     The answer's style choices (``"verbose"``: each retold phrasing; ``"checked"``: which steps
-    get a check line) are drawn from ``style_rng``, independently of the question's phrasing, so
-    the problems (and their order) are the same in every style.
+    get a check line; ``"final_check"``: whether the last step does) are drawn from
+    ``style_rng``, independently of the question's phrasing, so the problems (and their order)
+    are the same in every style.
     """
     name, pronoun = rng.choice(NAMES)
     singular, plural = rng.choice(OBJECTS)
@@ -244,12 +248,13 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
     sentences = [amount(start)]
     lines = [amount(start)] if cot == "verbose" else []
     current = start
-    for op, b in steps:
+    for i, (op, b) in enumerate(steps):
         sentences.append(rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b))
         result = _APPLY[op](current, b)
         retold = style_rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b) + " " if cot == "verbose" else ""
         lines.append(f"{retold}{current} {op} {b} = {result}")
-        if cot == "checked" and style_rng.random() < 0.5:
+        checkable = cot == "checked" or (cot == "final_check" and i == len(steps) - 1)
+        if checkable and style_rng.random() < 0.5:
             lines.append(f"({result} {_INVERSE[op]} {b} = {current})")
         current = result
     if cot == "verbose":
