@@ -109,8 +109,8 @@ class ArithConfig:
             question of n steps has answers with 0 to n check lines, of as
             many lengths.  ``"final_check"``: the terse lines, and with
             probability 1/2 the check of the last step only, so every reasoning
-            line keeps the fixed place it has in ``"terse"`` and the answer has
-            exactly two lengths (the only optional text is at its end).
+            line keeps the fixed place it has in ``"terse"`` and one question's
+            answers take exactly two lengths (the only optional text is at the end).
     """
 
     min_steps: int = 1
