@@ -31,7 +31,8 @@ import torch
 
 from dlm.checkpoints import load_model, load_tokenizer, weights_fingerprint
 from dlm.sampling import generate
-from dlm.tasks import extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key
+from dlm.tasks import (extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key,
+                       reasoning_lines)
 from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import encode_answer
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
@@ -89,6 +90,26 @@ def is_direct_answer(prediction: str) -> bool:
     return extract_strict(prediction) is not None and "=" not in prediction.split("####")[0]
 
 
+def chain_stats(recs: list[dict]) -> dict:
+    """Does the chain of thought carry the computation?  Over the answers that go straight to
+    ``#### N`` (direct, :func:`is_direct_answer`) and the others that write at least one
+    ``a op b = c`` line (chains): how many and how
+    many right; the share of the chains' lines whose arithmetic is right; and the share of chains
+    (with a ``####`` line) whose final answer is their last line's result.  A model that works the
+    answer out in one pass and writes lines to match it has right answers under wrong lines."""
+    direct = [r for r in recs if is_direct_answer(r["prediction"])]
+    chains = [(r, reasoning_lines(r["prediction"])) for r in recs if not is_direct_answer(r["prediction"])]
+    chains = [(r, lines) for r, lines in chains if lines]
+    lines = [line for _, ls in chains for line in ls]
+    ended = [(extract_strict(r["prediction"]), ls[-1][3]) for r, ls in chains
+             if extract_strict(r["prediction"]) is not None]
+    return {"chain_answers": len(chains), "chain_right": sum(bool(r["correct"]) for r, _ in chains),
+            "direct_answers_n": len(direct), "direct_right": sum(bool(r["correct"]) for r in direct),
+            "reasoning_lines": len(lines), "lines_arithmetic_right": sum(line[4] for line in lines),
+            "chains_with_final_line": len(ended),
+            "final_is_last_result": sum(final == str(last) for final, last in ended)}
+
+
 def per_key_accuracy(recs: list[dict], key_of: dict) -> tuple[int, float]:
     """(distinct arithmetic problems, mean over them of each one's accuracy): problems that share
     a canonical key differ only in names, objects and phrasing, so they are not independent."""
@@ -129,6 +150,7 @@ def report(args) -> None:
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
                          "direct_answers": sum(is_direct_answer(r["prediction"]) for r in recs) / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
+                         **chain_stats(recs),
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
             "unique": args.unique}
@@ -154,6 +176,7 @@ def report(args) -> None:
                      f"{100 * r['no_final_line']:.1f}% | {100 * r['direct_answers']:.1f}% | "
                      f"{r['mean_prompt_length']:.0f} |")
     lines += paired_table(out, args.n, args.fewshot, {p.id: len(parse_chain(p.answer)) for p in problems})
+    lines += chain_table(rows)
     lines += tokens_per_step_table(out, args.n, args.gen_length)
     atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -191,6 +214,25 @@ def paired_table(out: Path, n: int, shots: list[int], steps_of: dict | None = No
                 acc_s, acc_p = (100 * sum(d[i] for i in ids) / max(len(ids), 1) for d in (semi, pure))
                 lines.append(f"| {k} | {CONFIGS[semi_name]['block']} | {label} | {len(ids)} | {acc_s:.1f} | "
                              f"{acc_p:.1f} | {acc_s - acc_p:+.1f} | {b} | {c} | {mcnemar_exact(b, c):.2g} |")
+    return lines
+
+
+def chain_table(rows: list[dict]) -> list[str]:
+    """Direct answers against chains of thought, per config (see :func:`chain_stats`)."""
+    def share(k: int, n: int) -> str:
+        return f"{k} ({100 * k / n:.0f}%)" if n else "0 (-)"
+
+    lines = ["", "Direct answers vs chains of thought (right: share of that kind right; lines: reasoning",
+             "lines `a op b = c` in the chains, and those with right arithmetic; `####` = last: chains",
+             "whose final answer is their last line's result):", "",
+             "| config | shots | n | direct answers | right | chains | right | lines | arithmetic right | "
+             "`####` = last |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['shots']} | {r['n']} | {r['direct_answers_n']} | "
+                     f"{share(r['direct_right'], r['direct_answers_n'])} | {r['chain_answers']} | "
+                     f"{share(r['chain_right'], r['chain_answers'])} | {r['reasoning_lines']} | "
+                     f"{share(r['lines_arithmetic_right'], r['reasoning_lines'])} | "
+                     f"{share(r['final_is_last_result'], r['chains_with_final_line'])} |")
     return lines
 
 

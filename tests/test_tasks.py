@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dlm.tasks import (
+    COT_STYLES,
     DEFAULT_TEMPLATE,
     ArithConfig,
     Problem,
@@ -23,6 +24,7 @@ from dlm.tasks import (
     normalize_number,
     parse_chain,
     problem_key,
+    reasoning_lines,
     sample_shots,
     split_of_key,
 )
@@ -222,6 +224,20 @@ def test_parse_chain_rejects_malformed():
         parse_chain("Ann has 1 pen.\nShe finds 2 more 1 + 2 = 3\n#### 3")
     with pytest.raises(ValueError):
         parse_chain("Ann has 1 pen.\n#### 1")
+
+
+@pytest.mark.parametrize("cot", COT_STYLES)
+def test_reasoning_lines_agrees_with_parse_chain_and_flags_wrong_lines(cot):
+    """On reference answers ``reasoning_lines`` reads exactly ``parse_chain``'s lines, all right; a
+    generated answer with a wrong result, check lines and garbage is read leniently, line by line."""
+    config = ArithConfig(min_steps=1, max_steps=3, max_value=20, ops=("+", "-", "*"), cot=cot)
+    for p in generate_problems(config, 50, split="train", seed=3):
+        assert reasoning_lines(p.answer) == [(*line, True) for line in parse_chain(p.answer)]
+    generated = " 8 - 6 = 2\n(2 + 6 = 8)\n2 * 3 = 5\n= = 4\nShe finds 1 more. 5 + 1 = 6\n#### 6"
+    assert reasoning_lines(generated) == [(8, "-", 6, 2, True), (2, "*", 3, 5, False), (5, "+", 1, 6, True)]
+    assert reasoning_lines("#### 6") == [] and reasoning_lines("") == []
+    with pytest.raises(TypeError, match="text"):
+        reasoning_lines(None)
 
 
 def test_problem_validation():

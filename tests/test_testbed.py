@@ -286,6 +286,22 @@ def test_is_direct_answer():
     assert not is_direct_answer("3 + 4 = 7") and not is_direct_answer("")
 
 
+def test_chain_stats_splits_direct_answers_from_chains():
+    from experiments.testbed import chain_stats
+
+    recs = [{"prediction": "#### 7", "correct": True},                       # direct, right
+            {"prediction": "#### 3", "correct": False},                      # direct, wrong
+            {"prediction": "#### 5\n2 + 3 = 5", "correct": True},            # '####' first: direct
+            {"prediction": " 3 + 4 = 7\n7 - 2 = 5\n#### 5", "correct": True},  # chain, lines right
+            {"prediction": " 3 + 4 = 8\n8 - 2 = 6\n#### 7", "correct": False},  # 1 wrong line, ends off
+            {"prediction": " 3 + 4 = 7", "correct": False},                  # chain, no '####' line
+            {"prediction": "no answer", "correct": False}]                   # neither
+    assert chain_stats(recs) == {
+        "chain_answers": 3, "chain_right": 1, "direct_answers_n": 3, "direct_right": 2,
+        "reasoning_lines": 5, "lines_arithmetic_right": 4, "chains_with_final_line": 2,
+        "final_is_last_result": 1}
+
+
 def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     from argparse import Namespace
 
@@ -309,6 +325,8 @@ def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     row = json.loads((tmp_path / "testbed.json").read_text())["rows"][0]
     assert row["length_as_reference"] == pytest.approx(sum(i % 3 == 0 for i in range(30)) / 30)
     assert row["direct_answers"] == pytest.approx(1 / 3) and row["no_final_line"] == pytest.approx(1 / 3)
+    assert (row["chain_answers"], row["reasoning_lines"], row["lines_arithmetic_right"]) == (20, 20, 20)
+    assert "| semiar32 | 0 | 30 | 10 |" in (tmp_path / "testbed.md").read_text()  # the chains table
     with pytest.raises(ValueError, match="other held-out problems"):
         report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems
 

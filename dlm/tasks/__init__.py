@@ -7,6 +7,7 @@ from dlm.tasks.arith import (
     generate_problems,
     iter_problems,
     parse_chain,
+    reasoning_lines,
     problem_key,
     split_of_key,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "load_gsm8k",
     "normalize_number",
     "parse_chain",
+    "reasoning_lines",
     "problem_key",
     "sample_shots",
     "split_of_key",

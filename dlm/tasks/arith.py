@@ -37,6 +37,7 @@ __all__ = [
     "iter_problems",
     "parse_chain",
     "problem_key",
+    "reasoning_lines",
     "split_of_key",
 ]
 
@@ -183,6 +184,25 @@ def parse_chain(answer: str) -> list[tuple[int, str, int, int]]:
     if not chain or not re.fullmatch(r"#### \d+", final) or int(final[5:]) != chain[-1][3]:
         raise ValueError(f"answer must end with '#### <last result>': {answer!r}")
     return chain
+
+
+def reasoning_lines(text: str) -> list[tuple[int, str, int, int, bool]]:
+    """The ``a op b = c`` lines of a *generated* answer, leniently: ``(a, op, b, c, right)`` per
+    line, ``right`` being whether ``a op b`` really is ``c``.
+
+    Unlike :func:`parse_chain` this never raises: lines of any other form (check lines, the
+    ``#### n`` line, verbose narrative, garbage) are skipped, and a wrong line is reported, not
+    refused, so one can measure whether a model's chain of thought carries its computation.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    out = []
+    for line in text.split("\n"):
+        match = _LINE_RE.fullmatch(line.strip())
+        if match is not None:
+            a, op, b, c = int(match[1]), match[2], int(match[3]), int(match[4])
+            out.append((a, op, b, c, _APPLY[op](a, b) == c))
+    return out
 
 
 def problem_key(problem: Problem) -> str:
