@@ -93,17 +93,19 @@ def is_direct_answer(prediction: str) -> bool:
 def chain_stats(recs: list[dict]) -> dict:
     """Does the chain of thought carry the computation?  Over the answers that go straight to
     ``#### N`` (direct, :func:`is_direct_answer`) and the others that write at least one
-    ``a op b = c`` line (chains): how many and how
-    many right; the share of the chains' lines whose arithmetic is right; and the share of chains
-    (with a ``####`` line) whose final answer is their last line's result.  A model that works the
-    answer out in one pass and writes lines to match it has right answers under wrong lines."""
-    direct = [r for r in recs if is_direct_answer(r["prediction"])]
-    chains = [(r, reasoning_lines(r["prediction"])) for r in recs if not is_direct_answer(r["prediction"])]
-    chains = [(r, lines) for r, lines in chains if lines]
-    lines = [line for _, ls in chains for line in ls]
-    ended = [(extract_strict(r["prediction"]), ls[-1][3]) for r, ls in chains
-             if extract_strict(r["prediction"]) is not None]
-    return {"chain_answers": len(chains), "chain_right": sum(bool(r["correct"]) for r, _ in chains),
+    ``a op b = c`` line (chains): how many and how many right; the chains' lines and how many have
+    right arithmetic; and the chains with a ``####`` line and how many end on their last line's
+    result.  A model that works the answer out in one pass and writes lines to match it has right
+    answers under wrong lines."""
+    direct, chains = [], []  # chains: (record, its reasoning lines, its '####' answer or None)
+    for r in recs:
+        if is_direct_answer(r["prediction"]):
+            direct.append(r)
+        elif lines := reasoning_lines(r["prediction"]):
+            chains.append((r, lines, extract_strict(r["prediction"])))
+    lines = [line for _, ls, _ in chains for line in ls]
+    ended = [(final, ls[-1][3]) for _, ls, final in chains if final is not None]
+    return {"chain_answers": len(chains), "chain_right": sum(bool(r["correct"]) for r, _, _ in chains),
             "direct_answers_n": len(direct), "direct_right": sum(bool(r["correct"]) for r in direct),
             "reasoning_lines": len(lines), "lines_arithmetic_right": sum(line[4] for line in lines),
             "chains_with_final_line": len(ended),
@@ -141,6 +143,7 @@ def report(args) -> None:
             eos_steps = [r["first_eos_step"] for r in recs if r["first_eos_step"] >= 0]
             lo, hi = wilson_ci(c, n)
             distinct, acc_distinct = per_key_accuracy(recs, key_of)
+            chains = chain_stats(recs)
             rows.append({"config": name, "shots": k, "n": n, "accuracy": c / max(n, 1), "ci95": [lo, hi],
                          "mean_first_eos_step": sum(eos_steps) / max(len(eos_steps), 1),
                          "mean_tokens_until_eos": sum(r["tokens_until_eos"] for r in recs) / max(n, 1),
@@ -148,9 +151,9 @@ def report(args) -> None:
                          "length_as_reference": sum(r["tokens_until_eos"] == ref_len[r["id"]] for r in recs)
                          / max(n, 1),
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
-                         "direct_answers": sum(is_direct_answer(r["prediction"]) for r in recs) / max(n, 1),
+                         "direct_answers": chains["direct_answers_n"] / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
-                         **chain_stats(recs),
+                         **chains,
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
             "unique": args.unique}

@@ -7,8 +7,8 @@ from dlm.tasks.arith import (
     generate_problems,
     iter_problems,
     parse_chain,
-    reasoning_lines,
     problem_key,
+    reasoning_lines,
     split_of_key,
 )
 from dlm.tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate, fewshot_examples, format_prompt, sample_shots
@@ -31,8 +31,8 @@ __all__ = [
     "load_gsm8k",
     "normalize_number",
     "parse_chain",
-    "reasoning_lines",
     "problem_key",
+    "reasoning_lines",
     "sample_shots",
     "split_of_key",
 ]
