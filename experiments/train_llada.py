@@ -70,6 +70,10 @@ def main(argv=None) -> None:
     p.add_argument("--max-value", type=int, default=50)
     p.add_argument("--min-steps-per-problem", type=int, default=1)
     p.add_argument("--max-steps-per-problem", type=int, default=2)
+    p.add_argument("--ops", nargs="+", default=["+", "-"], choices=["+", "-", "*"],
+                   help="operators of the problems (dlm.tasks.ArithConfig.ops)")
+    p.add_argument("--max-factor", type=int, default=9,
+                   help="bound on both operands of '*' (dlm.tasks.ArithConfig.max_factor)")
     p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
                    help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
@@ -95,7 +99,7 @@ def main(argv=None) -> None:
 
     tok = build_tokenizer()
     arith = ArithConfig(min_steps=args.min_steps_per_problem, max_steps=args.max_steps_per_problem,
-                        max_value=args.max_value, cot=args.cot)
+                        max_value=args.max_value, ops=tuple(args.ops), max_factor=args.max_factor, cot=args.cot)
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),

@@ -343,6 +343,7 @@ def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):
     train_llada.main(["--out", str(out), "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
                       "--max-seq-len", "512", "--steps", "2", "--batch-size", "2", "--max-value", "9",
                       "--min-steps-per-problem", "2", "--max-steps-per-problem", "3",
+                      "--ops", "+", "*", "--max-factor", "3", "--cot", "checked",
                       "--response-lengths", "32", "--response-probs", "1", "--fewshot-prob", "1",
                       "--shots-per-batch", "--warmup", "1", "--eval-every", "0", "--save-every", "2"])
     assert '"steps": 2' in capsys.readouterr().out
@@ -350,6 +351,8 @@ def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):
     extra = json.loads((out / "model" / "config.json").read_text())["extra"]
     assert extra["args"]["shots_per_batch"] is True and extra["recipe"] == "llada-sft"
     assert (extra["arith"]["max_value"], extra["arith"]["min_steps"], extra["arith"]["max_steps"]) == (9, 2, 3)
-    assert arith_config_of(out / "model") == ArithConfig(min_steps=2, max_steps=3, max_value=9)
+    assert seen[0].arith == ArithConfig(min_steps=2, max_steps=3, max_value=9, ops=("+", "*"), max_factor=3,
+                                        cot="checked")
+    assert arith_config_of(out / "model") == seen[0].arith
     model, tok = load_model(out / "model", dtype=torch.float32)
     assert model.config.d_model == 16 and tok.eos_token_id == model.config.eos_token_id
