@@ -161,13 +161,32 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
     tokens. It is not an ELBO, but its gradient has far lower variance (no 1/t blow-up for
     lightly masked rows), which is what a tiny model trained on a CPU budget needs (MaskGIT-style
     training; the embedded testbed model learns several times faster with it).
+
+    ``suffix_prob`` (default 0: LLaDA's recipe exactly): the share of rows that instead mask a
+    whole suffix of the answer, from a cut drawn uniformly over the answer's content tokens (those
+    before its first EOS) and the first EOS. Such a row is what a left-to-right (semi-AR) decode
+    shows the model when a block starts: a clean prefix, everything after it masked, so each step
+    of a chain of thought must be computed from what precedes it, not copied from the next line.
+    Suffix rows are weighted ``1 / n_b`` (there is no ``t`` for an ELBO weight), so they need
+    ``weighting="uniform"``.
     """
 
-    def __init__(self, eps: float = 1e-3, weighting: str = "elbo") -> None:
+    def __init__(self, eps: float = 1e-3, weighting: str = "elbo", suffix_prob: float = 0.0) -> None:
         super().__init__(eps)
         if weighting not in ("elbo", "uniform"):
             raise ValueError(f"weighting must be 'elbo' or 'uniform', got {weighting!r}")
-        self.weighting = weighting
+        if isinstance(suffix_prob, bool) or not isinstance(suffix_prob, (int, float)) or not 0 <= suffix_prob <= 1:
+            raise ValueError(f"suffix_prob must be a number in [0, 1], got {suffix_prob!r}")
+        if suffix_prob > 0 and weighting != "uniform":
+            raise ValueError("suffix_prob > 0 needs weighting='uniform' (suffix rows have no t for the ELBO weight)")
+        self.weighting, self.suffix_prob = weighting, float(suffix_prob)
+
+    def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+        noise = sample_masking_noise(batch, generator)
+        if self.suffix_prob > 0:  # drawn only then, so suffix_prob=0 keeps LLaDA's noise stream
+            B = noise["noise_t"].shape[0]
+            noise["noise_suffix"] = torch.rand(B, 2, generator=generator, device=noise["noise_t"].device)  # (B, 2)
+        return noise
 
     def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
         ids = _check_input_ids(batch)
@@ -179,10 +198,25 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
             raise TypeError(f"batch['prompt_lengths'] must be integer, got {prompt_lengths.dtype}")
         if bool(((prompt_lengths < 0) | (prompt_lengths >= L)).any()):
             raise ValueError(f"batch['prompt_lengths'] must lie in [0, {L}) (non-empty response)")
+        if self.suffix_prob > 0 and "noise_suffix" not in batch:
+            if any(k in batch for k in NOISE_KEYS):
+                raise ValueError("batch carries noise_t/noise_u but not noise_suffix: draw it with this loss's "
+                                 "sample_noise")
+            batch = {**batch, **self.sample_noise(batch, generator)}
         t, u = _noise(batch, generator, ids)
         cols = torch.arange(L, device=ids.device)[None, :]  # (1, L)
-        response = cols >= prompt_lengths.to(ids.device)[:, None]  # (B, L)
-        noisy, masked, p_mask = forward_process(ids, t, u, self.eps, _mask_token_id(model), response)
+        starts = prompt_lengths.to(ids.device)[:, None]  # (B, 1)
+        response = cols >= starts  # (B, L)
+        mask_id = _mask_token_id(model)
+        noisy, masked, p_mask = forward_process(ids, t, u, self.eps, mask_id, response)
+        if self.suffix_prob > 0:
+            noise_suffix = batch["noise_suffix"]  # (B, 2): row is a suffix row, where its cut falls
+            if noise_suffix.shape != (B, 2):
+                raise ValueError(f"noise_suffix must be ({B}, 2), got {tuple(noise_suffix.shape)}")
+            suffix_rows = noise_suffix[:, :1] < self.suffix_prob  # (B, 1)
+            masked = torch.where(suffix_rows, cols >= _suffix_cuts(ids, starts, noise_suffix[:, 1:], model),
+                                 masked)  # (B, L)
+            noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)  # (B, L)
         logits = model(noisy)  # (B, L, V)
         if self.weighting == "elbo":
             answer_len = response.sum(dim=1, keepdim=True).to(torch.float32)  # (B, 1)
@@ -192,3 +226,16 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
         weight = row_weight.expand(B, L)[masked]  # (N,)
         loss = (_masked_ce(logits, ids, masked) * weight).sum() / B
         return loss, {"loss": loss.detach(), "masked_frac": masked.float().sum() / response.sum()}
+
+
+def _suffix_cuts(ids: Tensor, starts: Tensor, u: Tensor, model) -> Tensor:
+    """Cut per row, uniform (``u`` (B, 1) in [0, 1)) over the answer's tokens before its first EOS
+    and that EOS (the answer's last token if it has none): (B, 1) positions in ``[start, L)``."""
+    eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    if not isinstance(eos, int):
+        raise TypeError("model.config.eos_token_id must be an int for suffix_prob > 0")
+    L = ids.shape[1]
+    cols = torch.arange(L, device=ids.device)[None, :]  # (1, L)
+    last = torch.where((ids == eos) & (cols >= starts), cols, L - 1).amin(dim=1, keepdim=True)  # (B, 1)
+    n_choices = last - starts + 1  # (B, 1)
+    return starts + torch.minimum((u * n_choices).long(), n_choices - 1)  # (B, 1)

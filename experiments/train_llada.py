@@ -88,6 +88,9 @@ def main(argv=None) -> None:
                    help="curriculum: the first N steps train on the shortest response length only")
     p.add_argument("--weighting", default="elbo", choices=["elbo", "uniform"],
                    help="loss weight per masked token: LLaDA's 1/(t*A) (ELBO) or 1/#masked (uniform)")
+    p.add_argument("--suffix-prob", type=float, default=0.0,
+                   help="share of rows whose answer is masked from a random cut to the end "
+                        "(dlm.objectives.LLaDASFTLoss.suffix_prob; needs --weighting uniform)")
     p.add_argument("--ema", type=float, default=0.995)
     # bf16 autocast is ~10x *slower* than fp32 on CPUs without AVX512-BF16/AMX (measured on a
     # 2-core AVX2 EPYC); use it on GPUs
@@ -125,7 +128,7 @@ def main(argv=None) -> None:
                       ema_decay=args.ema, eval_every=args.eval_every, save_every=args.save_every,
                       log_every=10, seed=args.seed, precision=args.precision)
     t0 = time.time()
-    train(model, LLaDASFTLoss(weighting=args.weighting), data, cfg, tokenizer=tok, eval_fn=eval_fn,
+    train(model, LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob), data, cfg, tokenizer=tok, eval_fn=eval_fn,
           save_fn=functools.partial(save_model, dtype=torch.bfloat16,
                                     extra_config={"recipe": "llada-sft", "args": vars(args),
                                                   "arith": asdict(arith)}))

@@ -9,9 +9,9 @@ from dlm.objectives import LLaDAPretrainLoss, LLaDASFTLoss, sample_masking_noise
 V, MASK = 16, 15
 
 
-def tiny(seed=0):
+def tiny(seed=0, eos=None):
     cfg = ModelConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
-                      max_seq_len=32, mask_token_id=MASK)
+                      max_seq_len=32, mask_token_id=MASK, eos_token_id=eos)
     m = Transformer(cfg)
     m.reset_parameters(generator=torch.Generator().manual_seed(seed))
     return m
@@ -174,3 +174,65 @@ def test_gradient_flows_only_through_masked():
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_sft_suffix_rows_match_bruteforce():
+    """suffix_prob: rows with noise_suffix[:, 0] < suffix_prob mask the answer from a cut drawn
+    over its content tokens and first EOS; other rows keep LLaDA's masking; loss is the per-row
+    mean cross-entropy (uniform weighting)."""
+    model = tiny(eos=2)
+    eos = model.config.eos_token_id
+    x = ids(B=4, L=10, seed=3)
+    x[x == eos] = (eos + 1) % MASK
+    x[0, 7:] = eos  # answer 3..6 content, EOS at 7
+    x[1, 4:] = eos  # answer content 2..3, EOS at 4
+    x[3, 5:] = eos
+    prompt = torch.tensor([3, 2, 1, 5])  # row 3: its answer is EOS only; row 2: no EOS at all
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = model, model.config
+
+        def forward(self, input_ids, **kw):
+            seen.append(input_ids.clone())
+            return self.inner(input_ids, **kw)
+
+    obj = LLaDASFTLoss(weighting="uniform", suffix_prob=0.5)
+    batch = {"input_ids": x, "prompt_lengths": prompt}
+    noise = obj.sample_noise(batch, torch.Generator().manual_seed(2))
+    noise["noise_suffix"][:, 0] = torch.tensor([0.1, 0.4, 0.2, 0.3])  # rows 0-3 suffix rows ...
+    noise["noise_suffix"][1, 0] = 0.9  # ... but row 1 is a LLaDA row
+    noise["noise_suffix"][:, 1] = torch.tensor([0.99, 0.5, 0.0, 0.7])
+    loss, _ = obj(Spy(), {**batch, **noise}, torch.Generator())
+    total = 0.0
+    for b in range(4):
+        P = int(prompt[b])
+        if float(noise["noise_suffix"][b, 0]) < 0.5:
+            first_eos = next((i for i in range(P, 10) if int(x[b, i]) == eos), 9)
+            choices = list(range(P, first_eos + 1))
+            cut = choices[int(float(noise["noise_suffix"][b, 1]) * len(choices))]
+            masked = list(range(cut, 10))
+        else:
+            p = (1 - 1e-3) * float(noise["noise_t"][b]) + 1e-3
+            masked = [i for i in range(P, 10) if float(noise["noise_u"][b, i]) < p]
+        expect = x[b].clone()
+        expect[masked] = MASK
+        assert torch.equal(seen[0][b], expect), b
+        logp = torch.log_softmax(model(expect[None])[0], dim=-1).detach()
+        total += sum(-float(logp[i, x[b, i]]) for i in masked) / max(len(masked), 1)
+    assert torch.equal(seen[0][0, 6:], torch.tensor([int(x[0, 6]), MASK, MASK, MASK]))  # cut at the first EOS
+    assert torch.equal(seen[0][2, 1:], torch.full((9,), MASK))  # no EOS: cut over the whole answer
+    assert math.isclose(loss.item(), total / 4, rel_tol=1e-5)
+    # suffix_prob=0 draws no extra noise and leaves LLaDA's masks as they were
+    assert set(LLaDASFTLoss(weighting="uniform").sample_noise(batch, torch.Generator())) == {"noise_t", "noise_u"}
+    for bad in (-0.1, 1.5, "x", True):
+        with pytest.raises(ValueError, match="suffix_prob"):
+            LLaDASFTLoss(weighting="uniform", suffix_prob=bad)
+    with pytest.raises(ValueError, match="uniform"):
+        LLaDASFTLoss(suffix_prob=0.5)
+    with pytest.raises(ValueError, match="noise_suffix"):
+        obj(model, {**batch, "noise_t": noise["noise_t"], "noise_u": noise["noise_u"]}, torch.Generator())
+    with pytest.raises(TypeError, match="eos_token_id"):
+        obj(tiny(), {**batch, **noise}, torch.Generator())
