@@ -21,6 +21,18 @@ def ids(B=3, L=7, seed=1):
     return torch.randint(0, MASK, (B, L), generator=torch.Generator().manual_seed(seed))
 
 
+class Spy(torch.nn.Module):
+    """Wraps ``model`` and records every input it is called with in ``seen``."""
+
+    def __init__(self, model, seen):
+        super().__init__()
+        self.inner, self.config, self.seen = model, model.config, seen
+
+    def forward(self, input_ids, **kw):
+        self.seen.append(input_ids.clone())
+        return self.inner(input_ids, **kw)
+
+
 def test_pretrain_matches_bruteforce():
     model, x, eps = tiny(), ids(), 1e-3
     loss, metrics = LLaDAPretrainLoss(eps)(model, {"input_ids": x}, torch.Generator().manual_seed(5))
@@ -83,19 +95,10 @@ def test_sft_matches_bruteforce_and_keeps_prompt():
     prompt = torch.tensor([2, 5, 0])
     seen = []
 
-    class Spy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner, self.config = model, model.config
-
-        def forward(self, input_ids, **kw):
-            seen.append(input_ids.clone())
-            return self.inner(input_ids, **kw)
-
     batch = {"input_ids": x, "prompt_lengths": prompt}
     g = torch.Generator().manual_seed(9)
     noise = sample_masking_noise(batch, torch.Generator().manual_seed(9))
-    loss, _ = LLaDASFTLoss(eps)(Spy(), batch, g)
+    loss, _ = LLaDASFTLoss(eps)(Spy(model, seen), batch, g)
     noisy = seen[0]
     total = 0.0
     for b in range(3):
@@ -190,22 +193,13 @@ def test_sft_suffix_rows_match_bruteforce():
     prompt = torch.tensor([3, 2, 1, 5])  # row 3: its answer is EOS only; row 2: no EOS at all
     seen = []
 
-    class Spy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner, self.config = model, model.config
-
-        def forward(self, input_ids, **kw):
-            seen.append(input_ids.clone())
-            return self.inner(input_ids, **kw)
-
     obj = LLaDASFTLoss(weighting="uniform", suffix_prob=0.5)
     batch = {"input_ids": x, "prompt_lengths": prompt}
     noise = obj.sample_noise(batch, torch.Generator().manual_seed(2))
     noise["noise_suffix"][:, 0] = torch.tensor([0.1, 0.4, 0.2, 0.3])  # rows 0-3 suffix rows ...
     noise["noise_suffix"][1, 0] = 0.9  # ... but row 1 is a LLaDA row
     noise["noise_suffix"][:, 1] = torch.tensor([0.99, 0.5, 0.0, 0.7])
-    loss, _ = obj(Spy(), {**batch, **noise}, torch.Generator())
+    loss, _ = obj(Spy(model, seen), {**batch, **noise}, torch.Generator())
     total = 0.0
     for b in range(4):
         P = int(prompt[b])
