@@ -182,6 +182,8 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
         self.weighting, self.suffix_prob = weighting, float(suffix_prob)
 
     def sample_noise(self, batch: dict, generator: torch.Generator) -> dict[str, Tensor]:
+        """LLaDA's ``noise_t``/``noise_u``, and with ``suffix_prob > 0`` ``noise_suffix`` (B, 2):
+        whether the row is a suffix row, and where its cut falls."""
         noise = sample_masking_noise(batch, generator)
         if self.suffix_prob > 0:  # drawn only then, so suffix_prob=0 keeps LLaDA's noise stream
             B = noise["noise_t"].shape[0]

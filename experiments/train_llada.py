@@ -128,7 +128,8 @@ def main(argv=None) -> None:
                       ema_decay=args.ema, eval_every=args.eval_every, save_every=args.save_every,
                       log_every=10, seed=args.seed, precision=args.precision)
     t0 = time.time()
-    train(model, LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob), data, cfg, tokenizer=tok, eval_fn=eval_fn,
+    objective = LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob)
+    train(model, objective, data, cfg, tokenizer=tok, eval_fn=eval_fn,
           save_fn=functools.partial(save_model, dtype=torch.bfloat16,
                                     extra_config={"recipe": "llada-sft", "args": vars(args),
                                                   "arith": asdict(arith)}))
