@@ -36,6 +36,7 @@ from dlm.checkpoints import load_model
 from dlm.tasks import DEFAULT_TEMPLATE, generate_problems
 from dlm.tasks.sft_data import encode_prompt
 from experiments.common import arith_config_of, atomic_write_text, git_sha, repo_relative
+from experiments.testbed import DEFAULT_MODEL
 
 PROBES = ("line_left", "line_rest", "final_chain", "final_question")
 _RESULT_RE = re.compile(r"^[^\n]*?\d+ [-+*/] \d+ = (\d+)\)?$|^#### (\d+)$", re.M)
@@ -60,30 +61,22 @@ def number_sites(tokenizer, answer: str) -> tuple[list[int], list[tuple[int, int
     return ids, sites
 
 
-def probe_masks(n_prompt: int, gen_length: int, sites: list[tuple[int, int, bool]]) -> dict[str, torch.Tensor]:
-    """Which positions each probe masks: ``{probe: (R, n_prompt + gen_length) bool}``, one row per
-    site that the probe uses (line probes: the line results; final probes: the final number)."""
-    pos = torch.arange(n_prompt + gen_length)  # (L,)
-    answer = pos >= n_prompt
-    lines = torch.tensor([[s, e] for s, e, final in sites if not final], dtype=torch.long).view(-1, 2) + n_prompt
-    final = torch.tensor([[s, e] for s, e, f in sites if f], dtype=torch.long).view(-1, 2)[:1] + n_prompt
-    return {
-        "line_left": pos[None, :] >= lines[:, :1],  # (R, L)
-        "line_rest": (pos[None, :] >= lines[:, :1]) & (pos[None, :] < lines[:, 1:]),
-        "final_chain": pos[None, :] >= final[:, :1],
-        "final_question": answer[None, :].expand(final.shape[0], -1),
-    }
-
-
-def probe_targets(n_prompt: int, gen_length: int, sites: list[tuple[int, int, bool]]) -> dict[str, torch.Tensor]:
-    """The positions each probe scores: ``{probe: (R, L) bool}`` (the probed number's tokens)."""
-    pos = torch.arange(n_prompt + gen_length)
-    spans = {"line": [(s, e) for s, e, f in sites if not f], "final": [(s, e) for s, e, f in sites if f][:1]}
-    out = {}
-    for name in PROBES:
-        span = torch.tensor(spans[name.split("_")[0]], dtype=torch.long).view(-1, 2) + n_prompt
-        out[name] = (pos[None, :] >= span[:, :1]) & (pos[None, :] < span[:, 1:])
-    return out
+def probe_rows(n_prompt: int, gen_length: int, sites: list[tuple[int, int, bool]]
+               ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{probe: (masked, scored)}``, both ``(R, n_prompt + gen_length)`` bool with one row per site
+    the probe uses (line probes: the line results; final probes: the final number): which
+    positions the probe masks, and which it scores (the probed number's tokens)."""
+    pos = torch.arange(n_prompt + gen_length)[None, :]  # (1, L)
+    spans = {kind: torch.tensor([[s, e] for s, e, f in sites if f == final], dtype=torch.long).view(-1, 2)
+             + n_prompt for kind, final in (("line", False), ("final", True))}
+    spans["final"] = spans["final"][:1]
+    start = {k: v[:, :1] for k, v in spans.items()}  # (R, 1)
+    scored = {k: (pos >= v[:, :1]) & (pos < v[:, 1:]) for k, v in spans.items()}  # (R, L)
+    answer = (pos >= n_prompt).expand(spans["final"].shape[0], -1)  # (R, L)
+    return {"line_left": (pos >= start["line"], scored["line"]),
+            "line_rest": (scored["line"], scored["line"]),
+            "final_chain": (pos >= start["final"], scored["final"]),
+            "final_question": (answer, scored["final"])}
 
 
 @torch.no_grad()
@@ -95,16 +88,16 @@ def probe_problem(model, tokenizer, question: str, answer: str, gen_length: int)
         raise ValueError(f"gen_length ({gen_length}) is shorter than a reference answer ({len(ids)} tokens)")
     cfg = model.config
     x0 = torch.tensor(prompt + ids + [cfg.eos_token_id] * (gen_length - len(ids)))  # (L,)
-    masks, targets = probe_masks(len(prompt), gen_length, sites), probe_targets(len(prompt), gen_length, sites)
-    mask = torch.cat([masks[p] for p in PROBES])  # (R, L)
-    target = torch.cat([targets[p] for p in PROBES])  # (R, L)
+    rows = probe_rows(len(prompt), gen_length, sites)
+    mask = torch.cat([rows[p][0] for p in PROBES])  # (R, L)
+    target = torch.cat([rows[p][1] for p in PROBES])  # (R, L)
     device = next(model.parameters()).device
     xt = torch.where(mask, torch.full_like(x0, cfg.mask_token_id), x0[None, :]).to(device)  # (R, L)
     pred = model(xt).argmax(-1).cpu()  # (R, L)
     right = ((pred == x0[None, :]) | ~target).all(-1)  # (R,)
     out, row = {}, 0
     for p in PROBES:
-        r = masks[p].shape[0]
+        r = rows[p][0].shape[0]
         out[p] = (int(right[row:row + r].sum()), r)
         row += r
     return out
@@ -112,8 +105,7 @@ def probe_problem(model, tokenizer, question: str, answer: str, gen_length: int)
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(Path(__file__).resolve().parents[1] / "results" / "checkpoints"
-                                          / "llada-arith"))
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--n", type=int, default=100, help="held-out problems")
     p.add_argument("--gen-length", type=int, default=32, help="EOS-padded answer length of the probe")
     p.add_argument("--seed", type=int, default=0)

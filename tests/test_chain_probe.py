@@ -10,7 +10,7 @@ import torch
 from dlm.tasks import ArithConfig, generate_problems, parse_chain
 from dlm.tasks.sft_data import encode_answer, encode_prompt
 from dlm.tokenizer import build_tokenizer
-from experiments.chain_probe import PROBES, main, number_sites, probe_masks, probe_problem, probe_targets
+from experiments.chain_probe import PROBES, main, number_sites, probe_problem, probe_rows
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 
@@ -37,10 +37,11 @@ def test_number_sites_cover_every_line_result_and_the_final_answer(tok, cot):
             assert numbers[:-1] == [str(c) for *_, c in parse_chain(pr.answer)]
 
 
-def test_probe_masks_and_targets_match_brute_force():
+def test_probe_rows_match_brute_force():
     n_prompt, gen = 5, 12
     sites = [(0, 2, False), (4, 5, False), (7, 8, True)]
-    masks, targets = probe_masks(n_prompt, gen, sites), probe_targets(n_prompt, gen, sites)
+    rows = probe_rows(n_prompt, gen, sites)
+    masks, targets = {p: m for p, (m, _) in rows.items()}, {p: t for p, (_, t) in rows.items()}
     L = n_prompt + gen
     want = {p: [] for p in PROBES}
     want_t = {p: [] for p in PROBES}
