@@ -86,6 +86,29 @@ def tokens_until_eos(generated: Tensor, eos_id: Optional[int]) -> Tensor:
     return (first + 1).long()
 
 
+def tail_before_answer(generated: Tensor, commit_step: Tensor, eos_id: Optional[int]) -> Tensor:
+    """Share of the EOS tail committed before the answer was complete: the failure LLaDA (Nie et
+    al. 2025) gives for semi-autoregressive remasking, pure diffusion committing the confident
+    EOS padding first so that the answer is written into what is left.
+
+    generated, commit_step: (B, G) ids and the step that committed each (-1: never). The answer
+    is the tokens before the first EOS, the tail the first EOS and everything after it. Returns
+    (B,) float: the share of tail positions committed at a step before the answer's last
+    commit; NaN for rows with no EOS or no answer token.
+    """
+    B, G = generated.shape
+    nan = torch.full((B,), float("nan"), device=generated.device)
+    if eos_id is None:
+        return nan
+    n = tokens_until_eos(generated, eos_id)  # (B,) includes the first EOS
+    has_eos = (generated == eos_id).any(-1)  # (B,)
+    tail = torch.arange(G, device=generated.device)[None] >= (n - 1)[:, None]  # (B, G)
+    done = torch.where(~tail, commit_step, -1).amax(-1)  # (B,) step that completed the answer
+    early = tail & (commit_step >= 0) & (commit_step < done[:, None])  # (B, G)
+    share = early.sum(-1) / tail.sum(-1).clamp(min=1)
+    return torch.where(has_eos & (n > 1), share.float(), nan)
+
+
 def forward_flops(n_params_no_emb: int, n_layers: int, d_model: int, q_len: int, k_len: int,
                   vocab_size: int, head_positions: Optional[int] = None) -> int:
     """Forward FLOPs of one window: 2 * params per query token for the dense layers, plus

@@ -153,6 +153,7 @@ def report(args) -> None:
                          "no_final_line": sum(extract_strict(r["prediction"]) is None for r in recs) / max(n, 1),
                          "direct_answers": chains["direct_answers_n"] / max(n, 1),
                          "distinct_problems": distinct, "accuracy_per_distinct_problem": acc_distinct,
+                         **tail_stats(recs),
                          **chains,
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
@@ -180,6 +181,7 @@ def report(args) -> None:
                      f"{r['mean_prompt_length']:.0f} |")
     lines += paired_table(out, args.n, args.fewshot, {p.id: len(parse_chain(p.answer)) for p in problems})
     lines += chain_table(rows)
+    lines += tail_table(rows)
     lines += tokens_per_step_table(out, args.n, args.gen_length)
     atomic_write_text(out / "testbed.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -236,6 +238,34 @@ def chain_table(rows: list[dict]) -> list[str]:
                      f"{share(r['chain_right'], r['chain_answers'])} | {r['reasoning_lines']} | "
                      f"{share(r['lines_arithmetic_right'], r['reasoning_lines'])} | "
                      f"{share(r['final_is_last_result'], r['chains_with_final_line'])} |")
+    return lines
+
+
+def tail_stats(recs: list[dict]) -> dict:
+    """Mean of the records' ``tail_before_answer`` (:func:`dlm.stats.tail_before_answer`) over
+    those with an EOS tail, and the share of records whose whole tail came first; None when the
+    records predate the field."""
+    vals = [r["tail_before_answer"] for r in recs if r.get("tail_before_answer") is not None]
+    if not vals:
+        return {"tail_before_answer": None, "tail_all_before_answer": None, "tail_rows": 0}
+    return {"tail_before_answer": sum(vals) / len(vals),
+            "tail_all_before_answer": sum(v == 1.0 for v in vals) / len(vals), "tail_rows": len(vals)}
+
+
+def tail_table(rows: list[dict]) -> list[str]:
+    """Per config: how much of the EOS tail was committed before the answer was complete (only
+    for sample files that record it)."""
+    rows = [r for r in rows if r["tail_before_answer"] is not None]
+    if not rows:
+        return []
+    lines = ["", "EOS tail committed first (`tail`: the first EOS and everything after it; mean share of",
+             "it committed before the answer's last token, and the share of samples whose whole tail",
+             "came first):", "",
+             "| config | shots | samples with a tail | tail before answer done | whole tail first |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['shots']} | {r['tail_rows']} | {100 * r['tail_before_answer']:.1f}% | "
+                     f"{100 * r['tail_all_before_answer']:.1f}% |")
     return lines
 
 

@@ -208,3 +208,28 @@ def test_bad_prompts():
                  gen_length=8, steps=8, block_length=8)
     with pytest.raises(TypeError, match="input_ids"):
         generate(model, [[5, 6]], gen_length=8, steps=8, block_length=8)
+
+
+def test_tail_before_answer_matches_brute_force():
+    """dlm.stats.tail_before_answer against a per-row loop: rows with the EOS at 0 (no answer) or
+    with no EOS are NaN; never-committed (-1) tail positions do not count as early."""
+    from dlm.stats import tail_before_answer
+
+    g = torch.Generator().manual_seed(0)
+    B, G, eos = 64, 12, 2
+    ids = torch.randint(3, 9, (B, G), generator=g)
+    first = torch.randint(0, G + 3, (B,), generator=g)  # >= G: no EOS in the row
+    ids = torch.where(torch.arange(G)[None] >= first[:, None], eos, ids)
+    ids[:, -1] = torch.where(torch.arange(B) % 5 == 0, 7, ids[:, -1])  # non-EOS after the EOS
+    steps = torch.randint(-1, 30, (B, G), generator=g)
+    got = tail_before_answer(ids, steps, eos)
+    for b in range(B):
+        row, cs = ids[b].tolist(), steps[b].tolist()
+        if eos not in row or row.index(eos) == 0:
+            assert got[b].isnan(), b
+            continue
+        k = row.index(eos)
+        done = max(cs[:k])
+        want = sum(0 <= c < done for c in cs[k:]) / (G - k)
+        assert got[b].item() == pytest.approx(want), b
+    assert tail_before_answer(ids, steps, None).isnan().all()

@@ -126,6 +126,10 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
     assert r["n"] == 16
     assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     assert all(x["extracted"] is not None for x in r["records"][:8])
+    # semi-AR 32: only the answer's own block can hold tail tokens committed before it is done
+    for x in r["records"]:
+        n = x["tokens_until_eos"]
+        assert n <= 32 and 0 <= x["tail_before_answer"] <= (32 - n + 1) / (gen_length - n + 1), x
 
 
 @pytest.mark.parametrize("block_size", [4, 8, 16])
@@ -322,6 +326,7 @@ def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
         for i, (p, t) in enumerate(zip(problems, until_eos))))
     report(args)  # the problems these records were made for
     assert "| semiar32 | 0 |" in (tmp_path / "testbed.md").read_text()
+    assert "EOS tail committed first" not in (tmp_path / "testbed.md").read_text()  # records predate it
     row = json.loads((tmp_path / "testbed.json").read_text())["rows"][0]
     assert row["length_as_reference"] == pytest.approx(sum(i % 3 == 0 for i in range(30)) / 30)
     assert row["direct_answers"] == pytest.approx(1 / 3) and row["no_final_line"] == pytest.approx(1 / 3)
@@ -329,6 +334,15 @@ def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     assert "| semiar32 | 0 | 30 | 10 |" in (tmp_path / "testbed.md").read_text()  # the chains table
     with pytest.raises(ValueError, match="other held-out problems"):
         report(Namespace(**{**vars(args), "unique": True}))  # same ids, other problems
+    # records with tail_before_answer: 1.0, 0.5, none (no EOS tail), in turn
+    tails = [1.0, 0.5, None]
+    (tmp_path / "semiar32_k0.jsonl").write_text("".join(
+        json.dumps({**rec, "id": p.id, "target": p.target_str, "tokens_until_eos": 5, "prediction": "#### 1",
+                    "tail_before_answer": tails[i % 3]}) + "\n" for i, p in enumerate(problems)))
+    report(args)
+    row = json.loads((tmp_path / "testbed.json").read_text())["rows"][0]
+    assert (row["tail_rows"], row["tail_before_answer"], row["tail_all_before_answer"]) == (20, 0.75, 0.5)
+    assert "| semiar32 | 0 | 20 | 75.0% | 50.0% |" in (tmp_path / "testbed.md").read_text()
 
 
 def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..sampling import eos_ids
+from ..stats import tail_before_answer
 from .gsm8k import Problem, extract_strict, is_correct
 from .sft_data import encode_prompt
 
@@ -67,7 +68,8 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
     """Run ``sampler(model, ids, attention_mask=..., **kw)`` over ``problems``.
 
     Returns {"accuracy", "ci", "n", "records"}; each record has id, prediction, extracted
-    answer, correct, tokens_until_eos, first_eos_step and the call's nfe/seconds.
+    answer, correct, tokens_until_eos, first_eos_step, tail_before_answer
+    (:func:`dlm.stats.tail_before_answer`; None without an EOS tail) and the call's nfe/seconds.
     """
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -77,6 +79,7 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
         ids, mask = left_pad([encode_prompt(tokenizer, p.question, shots) for p in chunk], pad_id)
         out = sampler(model, ids.to(device), attention_mask=mask.to(device), **sampler_kwargs)
         P = ids.shape[1]
+        tail = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id)  # (B,)
         for i, p in enumerate(chunk):
             text = decode_until_stop(tokenizer, out.sequences[i, P:].tolist(), eos_ids(model))
             records.append({
@@ -85,6 +88,7 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
                 "prompt_length": int(mask[i].sum()),
                 "tokens_until_eos": int(out.stats.tokens_until_eos[i]),
                 "first_eos_step": int(out.stats.first_eos_step[i]) if out.stats.first_eos_step is not None else -1,
+                "tail_before_answer": None if tail[i].isnan() else round(float(tail[i]), 4),
                 "nfe": out.stats.nfe, "seconds": out.stats.seconds / len(chunk),
             })
     k = sum(r["correct"] for r in records)
