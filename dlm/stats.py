@@ -87,9 +87,10 @@ def tokens_until_eos(generated: Tensor, eos_id: Optional[int]) -> Tensor:
 
 
 def tail_before_answer(generated: Tensor, commit_step: Tensor, eos_id: Optional[int]) -> Tensor:
-    """Share of the EOS tail committed before the answer was complete: the failure LLaDA (Nie et
-    al. 2025) gives for semi-autoregressive remasking, pure diffusion committing the confident
-    EOS padding first so that the answer is written into what is left.
+    """Share of the EOS tail committed before the answer was complete. LLaDA (Nie et al. 2025)
+    samples its SFT model semi-autoregressively for this reason: trained on EOS-padded answers,
+    it is so confident of EOS that pure diffusion commits the padding first and the answer is
+    written into what is left.
 
     generated, commit_step: (B, G) ids and the step that committed each (-1: never). The answer
     is the tokens before the first EOS, the tail the first EOS and everything after it. Returns
