@@ -17,8 +17,8 @@ default problems may repeat a key with other names, objects and phrasing, and th
 the distinct ones. Per-sample results are appended to ``<out>/<config>_k<shots>.jsonl``
 (resumable); the table ``<out>/testbed.md`` and ``testbed.json`` (accuracy, Wilson 95% CI,
 distinct problems, mean step of the first EOS commit, tokens until EOS, share of answers exactly as
-long as the reference, share of direct answers, git SHA, config) are
-rebuilt from those files.
+long as the reference, share of direct answers, share of the EOS tail committed before the
+answer was complete where the samples record it, git SHA, config) are rebuilt from those files.
 """
 
 from __future__ import annotations
