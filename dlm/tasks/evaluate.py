@@ -79,7 +79,7 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
         ids, mask = left_pad([encode_prompt(tokenizer, p.question, shots) for p in chunk], pad_id)
         out = sampler(model, ids.to(device), attention_mask=mask.to(device), **sampler_kwargs)
         P = ids.shape[1]
-        tail = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id)  # (B,)
+        tails = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id).tolist()
         for i, p in enumerate(chunk):
             text = decode_until_stop(tokenizer, out.sequences[i, P:].tolist(), eos_ids(model))
             records.append({
@@ -88,7 +88,7 @@ def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Ca
                 "prompt_length": int(mask[i].sum()),
                 "tokens_until_eos": int(out.stats.tokens_until_eos[i]),
                 "first_eos_step": int(out.stats.first_eos_step[i]) if out.stats.first_eos_step is not None else -1,
-                "tail_before_answer": None if tail[i].isnan() else round(float(tail[i]), 4),
+                "tail_before_answer": None if math.isnan(tails[i]) else round(tails[i], 4),
                 "nfe": out.stats.nfe, "seconds": out.stats.seconds / len(chunk),
             })
     k = sum(r["correct"] for r in records)
