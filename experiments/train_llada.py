@@ -76,6 +76,8 @@ def main(argv=None) -> None:
                    help="bound on both operands of '*' (dlm.tasks.ArithConfig.max_factor)")
     p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
                    help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
+    p.add_argument("--loop", action="store_true",
+                   help="end every problem with a repeated subtraction (dlm.tasks.ArithConfig.loop)")
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
     p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
     p.add_argument("--fewshot-prob", type=float, default=0.25)
@@ -102,7 +104,8 @@ def main(argv=None) -> None:
 
     tok = build_tokenizer()
     arith = ArithConfig(min_steps=args.min_steps_per_problem, max_steps=args.max_steps_per_problem,
-                        max_value=args.max_value, ops=tuple(args.ops), max_factor=args.max_factor, cot=args.cot)
+                        max_value=args.max_value, ops=tuple(args.ops), max_factor=args.max_factor, cot=args.cot,
+                        loop=args.loop)
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
                                          response_lengths=tuple(args.response_lengths),
                                          response_probs=tuple(args.response_probs),

@@ -47,6 +47,7 @@ OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b
         ({"ops": "+-"}, TypeError, "ops"),
         ({"max_factor": 1}, ValueError, "max_factor"),
         ({"cot": "long"}, ValueError, "cot"),
+        ({"loop": 1}, TypeError, "loop"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, exc, word):
@@ -111,6 +112,41 @@ def test_answers_are_correct_and_in_range(config):
         # The question mentions exactly the operands, in order.
         assert [int(x) for x in re.findall(r"\d+", p.question)] == [chain[0][0]] + [b for _, _, b, _ in chain]
         assert p.question.endswith("have?")
+
+
+@pytest.mark.parametrize("config", [ArithConfig(min_steps=1, max_steps=3, max_value=9, loop=True),
+                                    ArithConfig(ops=("+", "-", "*"), max_value=30, max_steps=4, loop=True)])
+def test_loop_problems_spell_out_the_repeated_subtraction(config):
+    """``loop=True``: after one stated step (not the last, unless it is the only one) the amount
+    ``v`` loses ``b`` while at least ``b`` is left, one line per subtraction, and the later steps go
+    on from ``v mod b``; answers of one question shape take many lengths; keys spell the
+    subtractions out, so the splits stay disjoint."""
+    lengths, places = set(), set()
+    for split in ("train", "test"):
+        for p in generate_problems(config, 300, split, seed=5):
+            chain = parse_chain(p.answer)
+            opening, *told, closing = re.split(r"(?<=\.) ", p.question)
+            assert closing.startswith("How many")
+            loops = [j for j, t in enumerate(told) if "as many times as" in t]
+            assert len(loops) == 1
+            j, stated = loops[0], [int(re.search(r"\d+", t)[0]) for t in told]
+            assert 1 <= j and (j < len(told) - 1 or len(told) == 2)
+            assert config.min_steps <= len(told) - 1 <= config.max_steps
+            b = stated[j]
+            assert re.fullmatch(rf"(He|She) [a-z ]+{b}[a-z ]* as many times as [A-Z][a-z]+ has {b}\.", told[j])
+            v = chain[j - 1][3]
+            assert 2 <= b <= max(2, v // 2)
+            assert chain[j:j + v // b] == [(v - i * b, "-", b, v - (i + 1) * b) for i in range(v // b)]
+            rest = chain[j + v // b:]
+            assert [line[2] for line in chain[:j] + rest] == stated[:j] + stated[j + 1:]
+            assert not rest or rest[0][0] == v % b
+            assert int(re.search(r"\d+", opening)[0]) == chain[0][0]
+            assert p.target == chain[-1][3] and split_of_key(problem_key(p)) == split
+            lengths.add(len(p.answer))
+            places.add((j, len(told) - 1))
+    assert len(lengths) >= 5 and len(places) >= 3
+    plain = ArithConfig(**{**config.__dict__, "loop": False})
+    assert not any("many times" in p.question for p in generate_problems(plain, 300, "train", seed=5))
 
 
 @pytest.mark.parametrize("config", [ArithConfig(max_value=9), ArithConfig(ops=("+", "-", "*"), max_steps=3)])

@@ -67,6 +67,11 @@ _STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
     "-": ("{p} gives {b} away.", "{p} loses {b}.", "{p} sells {b}."),
     "*": ("{p} now has {b} times as many.", "{p} then has {b} times as many."),
 }
+#: The repeated step of ``loop=True``: subtract ``{b}`` while at least ``{b}`` is left.
+_LOOP_TEMPLATES: tuple[str, ...] = (
+    "{p} gives {b} away as many times as {name} has {b}.",
+    "{p} sells {b} as many times as {name} has {b}.",
+)
 _OPENING = "{name} has {a} {obj}."
 _CLOSING = "How many {objs} does {name} have?"
 #: A reasoning line: the equation ``a op b = c``, after a retold sentence in the verbose style.
@@ -112,6 +117,15 @@ class ArithConfig:
             probability 1/2 the check of the last step only, so every reasoning
             line keeps the fixed place it has in ``"terse"`` and one question's
             answers take exactly two lengths (the only optional text is at the end).
+        loop: Add one repeated step to every problem, after a random one of
+            its stated steps other than the last (after the only one in a
+            one-step problem): "She gives 3 away as many
+            times as Ann has 3."  The amount ``v`` reached so far is reduced by
+            ``b`` in ``[2, max(2, v // 2)]`` while at least ``b`` is left, one
+            reasoning line per subtraction, and the stated steps after it go on
+            from ``v mod b``.  So the answer's *length* (``v // b`` loop lines)
+            is known only once ``v`` is worked out, and later lines only once
+            the loop is.  The canonical key spells the subtractions out.
     """
 
     min_steps: int = 1
@@ -120,6 +134,7 @@ class ArithConfig:
     ops: tuple[str, ...] = ("+", "-")
     max_factor: int = 9
     cot: str = "terse"
+    loop: bool = False
 
     def __post_init__(self) -> None:
         _check_int("min_steps", self.min_steps, 1)
@@ -141,6 +156,8 @@ class ArithConfig:
         object.__setattr__(self, "ops", ops)
         if self.cot not in COT_STYLES:
             raise ValueError(f"cot must be one of {COT_STYLES}, got {self.cot!r}")
+        if not isinstance(self.loop, bool):
+            raise TypeError(f"loop must be a bool, got {type(self.loop).__name__}")
 
 
 def split_of_key(key: str) -> str:
@@ -227,8 +244,12 @@ def _operand_range(op: str, current: int, lo: int, hi: int, config: ArithConfig)
     return max(2, -(-lo // current)), min(config.max_factor, hi // current)
 
 
-def _sample_arithmetic(rng: random.Random, config: ArithConfig) -> tuple[int, list[tuple[str, int]]] | None:
-    """Draw a start value and operation list, or ``None`` on a dead end.
+def _sample_arithmetic(rng: random.Random, config: ArithConfig
+                       ) -> tuple[int, list[tuple[str, int]], tuple[int, int] | None] | None:
+    """Draw ``(start, steps, loop)``, or ``None`` on a dead end: ``steps`` are the
+    operations of the answer's lines, and ``steps[loop[0]:loop[1]]`` the spelled-out
+    subtractions of ``config.loop`` (``loop`` is ``None`` without it); every other
+    step is stated in the question.
 
     Operators are drawn uniformly first; values are then drawn so that each
     result is a valid input for the next operator (``"*"`` needs a current
@@ -239,19 +260,28 @@ def _sample_arithmetic(rng: random.Random, config: ArithConfig) -> tuple[int, li
     bounds.append((0, config.max_value))
     first_hi = min(config.max_factor, config.max_value) if ops[0] == "*" else config.max_value
     start = current = rng.randint(1, first_hi)
+    loop_after = rng.randint(1, max(1, len(ops) - 1)) if config.loop else 0
     steps: list[tuple[str, int]] = []
-    for op, (lo, hi) in zip(ops, bounds):
+    loop = None
+    for i, (op, (lo, hi)) in enumerate(zip(ops, bounds), start=1):
         b_lo, b_hi = _operand_range(op, current, lo, hi, config)
         if b_lo > b_hi:
             return None
         b = rng.randint(b_lo, b_hi)
         current = _APPLY[op](current, b)
         steps.append((op, b))
-    return start, steps
+        if i == loop_after:
+            if current < 2:
+                return None
+            b = rng.randint(2, max(2, current // 2))
+            loop = (len(steps), len(steps) + current // b)
+            steps += [("-", b)] * (current // b)
+            current %= b
+    return start, steps, loop
 
 
 def _render(rng: random.Random, style_rng: random.Random, start: int, steps: list[tuple[str, int]],
-            cot: str) -> tuple[str, str, int]:
+            loop: tuple[int, int] | None, cot: str) -> tuple[str, str, int]:
     """Turn arithmetic into (question, answer, final value) text.
 
     The answer's style choices (``"verbose"``: each retold phrasing; ``"checked"``: which steps
@@ -269,7 +299,10 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
     lines = [amount(start)] if cot == "verbose" else []
     current = start
     for i, (op, b) in enumerate(steps):
-        sentences.append(rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b))
+        if loop is None or not loop[0] <= i < loop[1]:
+            sentences.append(rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b))
+        elif i == loop[0]:
+            sentences.append(rng.choice(_LOOP_TEMPLATES).format(p=pronoun, b=b, name=name))
         result = _APPLY[op](current, b)
         retold = style_rng.choice(_STEP_TEMPLATES[op]).format(p=pronoun, b=b) + " " if cot == "verbose" else ""
         lines.append(f"{retold}{current} {op} {b} = {result}")
@@ -328,7 +361,7 @@ def _stream(config: ArithConfig, split: str, seed: int, unique: bool) -> Iterato
             drawn = _sample_arithmetic(rng, config)
             if drawn is None:
                 continue
-            key = _make_key(*drawn)
+            key = _make_key(*drawn[:2])
             if split_of_key(key) == split and not (unique and key in seen):
                 break
         else:
@@ -359,7 +392,7 @@ def generate_problems(
 
 def arith_vocabulary() -> list[str]:
     """Every word and punctuation mark the generator can emit (digits excluded)."""
-    texts = [_OPENING, _CLOSING, *(t for group in _STEP_TEMPLATES.values() for t in group)]
+    texts = [_OPENING, _CLOSING, *_LOOP_TEMPLATES, *(t for group in _STEP_TEMPLATES.values() for t in group)]
     texts += [w for pair in NAMES + OBJECTS for w in pair]
     texts += list(_APPLY) + ["=", "####"]
     pieces = re.findall(r"####|[A-Za-z]+|[^\sA-Za-z0-9{}]", " ".join(re.sub(r"\{\w+\}", " ", t) for t in texts))
