@@ -14,7 +14,8 @@ masked position of the probed number (all its digits must be right). Four probes
                     does the model read its answer off its own last line?
   final | question  the whole answer masked: the answer straight from the question, at the
                     reference's position (meaningful when the chain's length is fixed by the
-                    question, as in ``cot="terse"``)
+                    question, as in ``cot="terse"``; with ``ArithConfig.loop`` it is told the
+                    length, which the question leaves open, so it overstates a one-pass guess)
 
 If ``final | question`` is close to ``final | chain`` and ``line | left`` is far from 100%, the
 chain carries no computation the model could not do in one pass, and decoding it first (semi-AR)

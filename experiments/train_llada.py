@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
                    help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
     p.add_argument("--loop", action="store_true",
-                   help="end every problem with a repeated subtraction (dlm.tasks.ArithConfig.loop)")
+                   help="add a repeated subtraction to every problem (dlm.tasks.ArithConfig.loop)")
     p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
     p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
     p.add_argument("--fewshot-prob", type=float, default=0.25)
