@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 #: a held-out problem of the embedded task (``generate_problems(..., split="test", seed=0)[0]``)
@@ -19,6 +20,10 @@ BD3_STAGE2 = ("--batch-size", 16, "--steps", 1200, "--warmup", 30, "--fewshot-pr
 #: phase 3 of the LLaDA recipe (few-shot prompts in 60% of the batches), run as 600 + 900 steps
 LLADA_PHASE3 = ("--batch-size", 16, "--lr", 5e-4, "--warmup", 30, "--save-every", 100, "--fewshot-prob", 0.6,
                 "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.3, 0.2, 0.4, 0.1)
+#: the loop task (``dlm.tasks.ArithConfig.loop``): 2-3 stated steps and one repeated subtraction, so
+#: the answer's length is known only once the problem is solved
+LOOP_TASK = ("--min-steps-per-problem", 2, "--max-steps-per-problem", 3, "--loop", "--suffix-prob", 0.5,
+             "--response-lengths", 64, 256, 512, "--response-probs", 0.5, 0.35, 0.15)
 TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
 
 
@@ -72,6 +77,19 @@ def training_jobs(out: str, work: str) -> list[Job]:
                "phase 3a of the embedded LLaDA-style SFT (60% few-shot batches)"),
               ("train_llada", "llada-p3a", "llada-arith", 900, 300, "train_llada_p3a", 17,
                "embedded LLaDA-style model (phase 3b: 900 more few-shot steps)"))),
+        Job("train_llada_loop_a", "experiments.train_llada",
+            ("--init", f"{work}/llada-arith/model", "--out", f"{work}/llada-loop-a", "--steps", 4500,
+             "--batch-size", 32, "--lr", 1e-3, "--warmup", 50, "--eval-every", 1500, "--save-every", 250,
+             "--fewshot-prob", 0, *LOOP_TASK, *task),
+            "loop-task model, phase 1: the embedded LLaDA-style model fine-tuned on the loop task, zero-shot",
+            (f"{work}/llada-loop-a/model/config.json",), after=("train_llada",), cost_min=95, training=True),
+        Job("train_llada_loop", "experiments.train_llada",
+            ("--init", f"{work}/llada-loop-a/model", "--out", f"{work}/llada-loop", "--steps", 600,
+             "--batch-size", 32, "--lr", 3e-4, "--warmup", 30, "--eval-every", 300, "--save-every", 100,
+             "--fewshot-prob", 0.5, "--shots-per-batch", *LOOP_TASK, *task),
+            "loop-task model, phase 2: 600 steps with 1-8 worked examples in half the batches", (f"{work}/llada-loop/model/config.json",),
+            after=("train_llada_loop_a",), cost_min=28, training=True,
+            export=(f"{work}/llada-loop/model", f"{ck}/llada-loop")),
         Job("train_bd3lm_s1", "experiments.train_bd3lm",
             ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--fewshot-prob", 0,
              "--out", f"{work}/bd3lm-arith-16-s1"),
@@ -103,25 +121,36 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     after_bd3 = ("train_llada", "train_bd3lm_16") if full else ()
     jobs = training_jobs(out, work)
 
-    tb = ("--model", llada, "--out", f"{out}/testbed")
-    testbed = [  # (name, configs, shots, n, cost)
-        ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
-        ("testbed_pure", ("pure",), 0, 200, 16.8),
-        ("testbed_fewshot", ("semiar32",), 4, 500, 77.7),
-        ("testbed_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"),
-         0, 100, 8.0),
-        ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),
+    loop = f"{ck}/llada-loop"
+    after_loop = ("train_llada_loop",) if full else ()
+    testbeds = [  # (out dir, model, extra args, after, [(name, configs, shots, n, cost)], report n)
+        ("testbed", llada, (), after_llada, [
+            ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
+            ("testbed_pure", ("pure",), 0, 200, 16.8),
+            ("testbed_fewshot", ("semiar32",), 4, 500, 77.7),
+            ("testbed_tokens_per_step",
+             ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"), 0, 100, 8.0),
+            ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),
+        ]),
+        ("testbed_loop", loop, ("--unique",), after_loop, [
+            ("testbed_loop_semiar32", ("semiar32",), 0, 500, 37.5),
+            ("testbed_loop_pure", ("pure",), 0, 500, 35.0),
+            ("testbed_loop_fewshot", ("semiar32",), 4, 500, 86.0),
+        ]),
     ]
-    for name, configs, k, n, cost in testbed:
-        jobs.append(Job(name, "experiments.testbed", ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),
-                        f"testbed samples: {', '.join(configs)}, {k}-shot, gen 256",
-                        samples=tuple(f"testbed/{c}_k{k}.jsonl" for c in configs), always=True,
-                        after=after_llada, cost_min=cost * _cap(n, limit) / n))
-    jobs.append(Job("testbed_report", "experiments.testbed",
-                    ("--report-only", "--fewshot", 0, 4, "--n", _cap(500, limit), *tb),
-                    "testbed table: semi-AR vs pure diffusion, first-EOS step, tokens/step, few-shot",
-                    ("testbed/testbed.md", "testbed/testbed.json"), always=True,
-                    after=tuple(t[0] for t in testbed)))
+    for d, model, extra, after, runs in testbeds:
+        tb = ("--model", model, *extra, "--out", f"{out}/{d}")
+        for name, configs, k, n, cost in runs:
+            jobs.append(Job(name, "experiments.testbed",
+                            ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),
+                            f"{d} samples ({Path(model).name}): {', '.join(configs)}, {k}-shot, gen 256",
+                            samples=tuple(f"{d}/{c}_k{k}.jsonl" for c in configs), always=True,
+                            after=after, cost_min=cost * _cap(n, limit) / n))
+        jobs.append(Job(f"{d}_report", "experiments.testbed",
+                        ("--report-only", "--fewshot", 0, 4, "--n", _cap(500, limit), *tb),
+                        f"{d} table ({Path(model).name}): semi-AR vs pure diffusion, first-EOS step, "
+                        "tokens/step, few-shot", (f"{d}/testbed.md", f"{d}/testbed.json"), always=True,
+                        after=tuple(r[0] for r in runs)))
 
     gen512 = ("baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
               "fastdllm_dual_threshold", "bd3lm")

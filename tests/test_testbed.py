@@ -154,6 +154,34 @@ def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
         assert all(x["tokens_until_eos"] <= limit for x in r["records"]), "decoded past the EOS block"
 
 
+def test_shipped_loop_checkpoint_pure_diffusion_commits_the_eos_tail_first():
+    """The committed loop-task model (``ArithConfig(loop=True)``: the answer's length is known only once
+    the loop is worked out) solves held-out problems with semi-AR blocks of 32, zero-shot and with 4
+    worked examples. At gen 128 pure diffusion (one block) commits nearly all of its EOS tail before
+    the answer is done; semi-AR only the tail inside the answer's last block."""
+    ckpt = CKPT.parent / "llada-loop"
+    assert ckpt.is_dir(), f"loop-task checkpoint {ckpt} is missing"
+    from dlm import load_model
+    model, mtok = load_model(ckpt)
+    arith = arith_config_of(ckpt)
+    assert arith.loop and (arith.min_steps, arith.max_steps) == (2, 3)
+    problems = generate_problems(arith, 16, split="test", seed=777, unique=True)
+    few = evaluate_problems(model, mtok, problems[:8], generate, shots=fewshot_examples(arith, 4, seed=777),
+                            batch_size=8, gen_length=64, steps=64, block_length=32)
+    G = 128
+    semi, pure = (evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=G, steps=G,
+                                    block_length=b) for b in (32, G))
+    for r in (semi, few):
+        assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
+    for x in semi["records"]:
+        n = x["tokens_until_eos"]
+        end = 32 * ((n - 1) // 32 + 1)  # end of the block that holds the answer's last token
+        assert x["tail_before_answer"] <= (end - n + 1) / (G - n + 1) + 1e-4, x  # records round to 4 places
+    tails = {name: [x["tail_before_answer"] for x in r["records"]] for name, r in (("semi", semi), ("pure", pure))}
+    mean = {k: sum(v) / len(v) for k, v in tails.items()}
+    assert mean["pure"] > 0.8 and mean["pure"] > mean["semi"] + 0.4, tails
+
+
 def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
     from experiments.common import REPO, repo_relative
     assert repo_relative(REPO / "results" / "README.md") == "results/README.md"
