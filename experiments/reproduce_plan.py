@@ -87,8 +87,8 @@ def training_jobs(out: str, work: str) -> list[Job]:
             ("--init", f"{work}/llada-loop-a/model", "--out", f"{work}/llada-loop", "--steps", 600,
              "--batch-size", 32, "--lr", 3e-4, "--warmup", 30, "--eval-every", 300, "--save-every", 100,
              "--fewshot-prob", 0.5, "--shots-per-batch", *LOOP_TASK, *task),
-            "loop-task model, phase 2: 600 steps with 1-8 worked examples in half the batches", (f"{work}/llada-loop/model/config.json",),
-            after=("train_llada_loop_a",), cost_min=28, training=True,
+            "loop-task model, phase 2: 600 steps with 1-8 worked examples in half the batches",
+            (f"{work}/llada-loop/model/config.json",), after=("train_llada_loop_a",), cost_min=28, training=True,
             export=(f"{work}/llada-loop/model", f"{ck}/llada-loop")),
         Job("train_bd3lm_s1", "experiments.train_bd3lm",
             ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--fewshot-prob", 0,
@@ -123,7 +123,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
 
     loop = f"{ck}/llada-loop"
     after_loop = ("train_llada_loop",) if full else ()
-    testbeds = [  # (out dir, model, extra args, after, [(name, configs, shots, n, cost)], report n)
+    testbeds = [  # (out dir, model, extra args, after, [(name, configs, shots, n, cost)])
         ("testbed", llada, (), after_llada, [
             ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
             ("testbed_pure", ("pure",), 0, 200, 16.8),
