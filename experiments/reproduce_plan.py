@@ -128,6 +128,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
             ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
             ("testbed_pure", ("pure",), 0, 200, 16.8),
             ("testbed_fewshot", ("semiar32",), 4, 500, 77.7),
+            ("testbed_pure_fewshot", ("pure",), 4, 100, 11.0),
             ("testbed_tokens_per_step",
              ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"), 0, 100, 8.0),
             ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),
@@ -136,6 +137,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
             ("testbed_loop_semiar32", ("semiar32",), 0, 500, 37.5),
             ("testbed_loop_pure", ("pure",), 0, 500, 35.0),
             ("testbed_loop_fewshot", ("semiar32",), 4, 500, 86.0),
+            ("testbed_loop_pure_fewshot", ("pure",), 4, 500, 84.0),
         ]),
     ]
     for d, model, extra, after, runs in testbeds:
