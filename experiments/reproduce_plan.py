@@ -24,11 +24,33 @@ LLADA_PHASE3 = ("--batch-size", 16, "--lr", 5e-4, "--warmup", 30, "--save-every"
 #: the answer's length is known only once the problem is solved
 LOOP_TASK = ("--min-steps-per-problem", 2, "--max-steps-per-problem", 3, "--loop", "--suffix-prob", 0.5,
              "--response-lengths", 64, 256, 512, "--response-probs", 0.5, 0.35, 0.15)
-#: the chain task of ``llada-chain``: five stated steps, and 90% of the SFT rows masked from a random cut
-#: to the end (``LLaDASFTLoss.suffix_prob``), the view a semi-AR block starts from
+#: the chain task of ``llada-chain``: five stated steps; its jobs add the share of SFT rows masked from a
+#: random cut to the end (``--suffix-prob``, ``LLaDASFTLoss.suffix_prob``), the view a semi-AR block starts from
 CHAIN_TASK = ("--min-steps-per-problem", 5, "--max-steps-per-problem", 5, "--cot", "terse", "--direct-prob", 0,
-              "--suffix-prob", 0.9, "--fewshot-prob", 0.3, "--shots-per-batch", "--batch-size", 32,
+              "--fewshot-prob", 0.3, "--shots-per-batch", "--batch-size", 32,
               "--response-lengths", 64, 256, 512, "--response-probs", 0.7, 0.2, 0.1)
+#: fine-tunes of ``llada-arith`` on the loop and chain tasks, two phases each; the second phase's model
+#: (the one whose name has no ``-a``) is exported to ``checkpoints/``
+FINETUNES = (
+    ("train_llada_loop_a", "llada-arith", "llada-loop-a", "train_llada", 4500, 1e-3, 50, 1500, 250,
+     ("--batch-size", 32, "--fewshot-prob", 0, *LOOP_TASK), 95,
+     "loop-task model, phase 1: the embedded LLaDA-style model fine-tuned on the loop task, zero-shot"),
+    ("train_llada_loop", "llada-loop-a", "llada-loop", "train_llada_loop_a", 600, 3e-4, 30, 300, 100,
+     ("--batch-size", 32, "--fewshot-prob", 0.5, "--shots-per-batch", *LOOP_TASK), 28,
+     "loop-task model, phase 2: 600 steps with 1-8 worked examples in half the batches"),
+    ("train_llada_chain_a", "llada-arith", "llada-chain-a", "train_llada", 2500, 1e-3, 50, 2500, 250,
+     (*CHAIN_TASK, "--suffix-prob", 0.9), 70,
+     "chain-task model, phase 1: the embedded LLaDA-style model fine-tuned on 5-step chains"),
+    ("train_llada_chain", "llada-chain-a", "llada-chain", "train_llada_chain_a", 1500, 5e-4, 30, 1500, 250,
+     ("--seed", 1, *CHAIN_TASK, "--suffix-prob", 0.9), 45,
+     "chain-task model, phase 2: 1500 more steps at half the learning rate"),
+    ("train_llada_chain_s50_a", "llada-arith", "llada-chain-s50-a", "train_llada", 2500, 1e-3, 50, 2500, 250,
+     (*CHAIN_TASK, "--suffix-prob", 0.5), 62,
+     "chain-task control, phase 1: the chain recipe with half the SFT rows suffix-masked, not 90%"),
+    ("train_llada_chain_s50", "llada-chain-s50-a", "llada-chain-s50", "train_llada_chain_s50_a", 1500, 5e-4, 30,
+     1500, 250, ("--seed", 1, *CHAIN_TASK, "--suffix-prob", 0.5), 40,
+     "chain-task control, phase 2: 1500 more steps at half the learning rate"),
+)
 TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
 
 
@@ -82,31 +104,12 @@ def training_jobs(out: str, work: str) -> list[Job]:
                "phase 3a of the embedded LLaDA-style SFT (60% few-shot batches)"),
               ("train_llada", "llada-p3a", "llada-arith", 900, 300, "train_llada_p3a", 17,
                "embedded LLaDA-style model (phase 3b: 900 more few-shot steps)"))),
-        Job("train_llada_loop_a", "experiments.train_llada",
-            ("--init", f"{work}/llada-arith/model", "--out", f"{work}/llada-loop-a", "--steps", 4500,
-             "--batch-size", 32, "--lr", 1e-3, "--warmup", 50, "--eval-every", 1500, "--save-every", 250,
-             "--fewshot-prob", 0, *LOOP_TASK, *task),
-            "loop-task model, phase 1: the embedded LLaDA-style model fine-tuned on the loop task, zero-shot",
-            (f"{work}/llada-loop-a/model/config.json",), after=("train_llada",), cost_min=95, training=True),
-        Job("train_llada_loop", "experiments.train_llada",
-            ("--init", f"{work}/llada-loop-a/model", "--out", f"{work}/llada-loop", "--steps", 600,
-             "--batch-size", 32, "--lr", 3e-4, "--warmup", 30, "--eval-every", 300, "--save-every", 100,
-             "--fewshot-prob", 0.5, "--shots-per-batch", *LOOP_TASK, *task),
-            "loop-task model, phase 2: 600 steps with 1-8 worked examples in half the batches",
-            (f"{work}/llada-loop/model/config.json",), after=("train_llada_loop_a",), cost_min=28, training=True,
-            export=(f"{work}/llada-loop/model", f"{ck}/llada-loop")),
-        Job("train_llada_chain_a", "experiments.train_llada",
-            ("--init", f"{work}/llada-arith/model", "--out", f"{work}/llada-chain-a", "--steps", 2500,
-             "--lr", 1e-3, "--warmup", 50, "--eval-every", 2500, "--save-every", 250, *CHAIN_TASK, *task),
-            "chain-task model, phase 1: the embedded LLaDA-style model fine-tuned on 5-step chains",
-            (f"{work}/llada-chain-a/model/config.json",), after=("train_llada",), cost_min=70, training=True),
-        Job("train_llada_chain", "experiments.train_llada",
-            ("--init", f"{work}/llada-chain-a/model", "--out", f"{work}/llada-chain", "--steps", 1500,
-             "--lr", 5e-4, "--warmup", 30, "--eval-every", 1500, "--save-every", 250, "--seed", 1, *CHAIN_TASK,
-             *task),
-            "chain-task model, phase 2: 1500 more steps at half the learning rate",
-            (f"{work}/llada-chain/model/config.json",), after=("train_llada_chain_a",), cost_min=45, training=True,
-            export=(f"{work}/llada-chain/model", f"{ck}/llada-chain")),
+        *(Job(name, "experiments.train_llada",
+              ("--init", f"{work}/{init}/model", "--out", f"{work}/{dst}", "--steps", steps, "--lr", lr,
+               "--warmup", warmup, "--eval-every", every, "--save-every", save, *extra, *task),
+              what, (f"{work}/{dst}/model/config.json",), after=(after,), cost_min=cost, training=True,
+              export=(f"{work}/{dst}/model", f"{ck}/{dst}") if not dst.endswith("-a") else None)
+          for name, init, dst, after, steps, lr, warmup, every, save, extra, cost, what in FINETUNES),
         Job("train_bd3lm_s1", "experiments.train_bd3lm",
             ("--init", f"{work}/llada-p1/model", "--block-size", 16, "--fewshot-prob", 0,
              "--out", f"{work}/bd3lm-arith-16-s1"),
@@ -142,6 +145,8 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     after_loop = ("train_llada_loop",) if full else ()
     chain = f"{ck}/llada-chain"
     after_chain = ("train_llada_chain",) if full else ()
+    chain_s50 = f"{ck}/llada-chain-s50"
+    after_chain_s50 = ("train_llada_chain_s50",) if full else ()
     testbeds = [  # (out dir, model, extra args, after, [(name, configs, shots, n, cost)])
         ("testbed", llada, (), after_llada, [
             ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
@@ -156,15 +161,19 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
             ("testbed_loop_semiar32", ("semiar32",), 0, 500, 37.5),
             ("testbed_loop_pure", ("pure",), 0, 500, 35.0),
             ("testbed_loop_fewshot", ("semiar32",), 4, 500, 86.0),
-            ("testbed_loop_pure_fewshot", ("pure",), 4, 500, 84.0),
+            ("testbed_loop_pure_fewshot", ("pure",), 4, 500, 86.9),
         ]),
         ("testbed_chain", chain, ("--unique",), after_chain, [
             ("testbed_chain_semiar32", ("semiar32",), 0, 500, 42.5),
             ("testbed_chain_pure", ("pure",), 0, 500, 40.0),
-            ("testbed_chain_fewshot", ("semiar32",), 4, 500, 115.0),
+            ("testbed_chain_fewshot", ("semiar32",), 4, 500, 101.8),
             ("testbed_chain_pure_fewshot", ("pure",), 4, 200, 36.0),
             ("testbed_chain_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8"), 0, 100, 5.1),
             ("testbed_chain_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8"), 0, 100, 5.6),
+        ]),
+        ("testbed_chain_s50", chain_s50, ("--unique",), after_chain_s50, [
+            ("testbed_chain_s50_semiar32", ("semiar32",), 0, 200, 10.8),
+            ("testbed_chain_s50_pure", ("pure",), 0, 200, 11.7),
         ]),
     ]
     for d, model, extra, after, runs in testbeds:

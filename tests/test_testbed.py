@@ -154,23 +154,31 @@ def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
         assert all(x["tokens_until_eos"] <= limit for x in r["records"]), "decoded past the EOS block"
 
 
+def _shipped_runs(name: str, n: int, gen_length: int = 128):
+    """The committed checkpoint ``name`` on ``n`` distinct held-out problems: semi-AR blocks of 32 and
+    pure diffusion (one block) at ``gen_length``, 1 token/step; and semi-AR 32 with 4 worked examples on
+    the first 8 at gen 64. Returns (its ArithConfig, semi, pure, few-shot) results."""
+    ckpt = CKPT.parent / name
+    assert ckpt.is_dir(), f"checkpoint {ckpt} is missing"
+    from dlm import load_model
+    model, mtok = load_model(ckpt)
+    arith = arith_config_of(ckpt)
+    problems = generate_problems(arith, n, split="test", seed=777, unique=True)
+    semi, pure = (evaluate_problems(model, mtok, problems, generate, batch_size=n, gen_length=gen_length,
+                                    steps=gen_length, block_length=b) for b in (32, gen_length))
+    few = evaluate_problems(model, mtok, problems[:8], generate, shots=fewshot_examples(arith, 4, seed=777),
+                            batch_size=8, gen_length=64, steps=64, block_length=32)
+    return arith, semi, pure, few
+
+
 def test_shipped_loop_checkpoint_pure_diffusion_commits_the_eos_tail_first():
     """The committed loop-task model (``ArithConfig(loop=True)``: the answer's length is known only once
     the loop is worked out) solves held-out problems with semi-AR blocks of 32, zero-shot and with 4
     worked examples. At gen 128 pure diffusion (one block) commits nearly all of its EOS tail before
     the answer is done; semi-AR only the tail inside the answer's last block."""
-    ckpt = CKPT.parent / "llada-loop"
-    assert ckpt.is_dir(), f"loop-task checkpoint {ckpt} is missing"
-    from dlm import load_model
-    model, mtok = load_model(ckpt)
-    arith = arith_config_of(ckpt)
-    assert arith.loop and (arith.min_steps, arith.max_steps) == (2, 3)
-    problems = generate_problems(arith, 16, split="test", seed=777, unique=True)
-    few = evaluate_problems(model, mtok, problems[:8], generate, shots=fewshot_examples(arith, 4, seed=777),
-                            batch_size=8, gen_length=64, steps=64, block_length=32)
     G = 128
-    semi, pure = (evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=G, steps=G,
-                                    block_length=b) for b in (32, G))
+    arith, semi, pure, few = _shipped_runs("llada-loop", 16, G)
+    assert arith.loop and (arith.min_steps, arith.max_steps) == (2, 3)
     for r in (semi, few):
         assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     for x in semi["records"]:
@@ -188,23 +196,27 @@ def test_shipped_chain_checkpoint_solves_chains_and_pure_diffusion_is_not_ahead(
     examples; pure diffusion commits its EOS tail before the answer is done and is not more
     accurate on the same problems (measured here: 20/24 semi-AR, 19/24 pure, 5/8 4-shot; the
     testbed measures the gap on 500)."""
-    ckpt = CKPT.parent / "llada-chain"
-    assert ckpt.is_dir(), f"chain-task checkpoint {ckpt} is missing"
-    from dlm import load_model
-    model, mtok = load_model(ckpt)
-    arith = arith_config_of(ckpt)
+    arith, semi, pure, few = _shipped_runs("llada-chain", 24)
     assert not arith.loop and (arith.min_steps, arith.max_steps) == (5, 5)
-    problems = generate_problems(arith, 24, split="test", seed=777, unique=True)
-    G = 128
-    semi, pure = (evaluate_problems(model, mtok, problems, generate, batch_size=24, gen_length=G, steps=G,
-                                    block_length=b) for b in (32, G))
-    few = evaluate_problems(model, mtok, problems[:8], generate, shots=fewshot_examples(arith, 4, seed=777),
-                            batch_size=8, gen_length=64, steps=64, block_length=32)
     assert semi["accuracy"] >= 0.75, [x["prediction"] for x in semi["records"]]
     assert few["accuracy"] >= 0.5, [x["prediction"] for x in few["records"]]
     assert pure["accuracy"] <= semi["accuracy"], (semi["accuracy"], pure["accuracy"])
     tails = [x["tail_before_answer"] for x in pure["records"]]
     assert sum(tails) / len(tails) > 0.8, tails
+
+
+def test_chain_control_differs_from_llada_chain_only_in_its_suffix_share():
+    """``llada-chain-s50`` is the control of the README's suffix-share claim: the training arguments
+    its checkpoint records are ``llada-chain``'s but for ``suffix_prob`` (and the run's paths)."""
+    args = {}
+    for name in ("llada-chain", "llada-chain-s50"):
+        cfg = CKPT.parent / name / "config.json"
+        assert cfg.is_file(), f"checkpoint {cfg.parent} is missing"
+        args[name] = json.loads(cfg.read_text())["extra"]["args"]
+    main, control = args["llada-chain"], args["llada-chain-s50"]
+    assert main.keys() == control.keys()
+    assert {k for k in main if main[k] != control[k]} == {"out", "init", "suffix_prob"}
+    assert (main["suffix_prob"], control["suffix_prob"]) == (0.9, 0.5)
 
 
 def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
