@@ -141,14 +141,8 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     after_bd3 = ("train_llada", "train_bd3lm_16") if full else ()
     jobs = training_jobs(out, work)
 
-    loop = f"{ck}/llada-loop"
-    after_loop = ("train_llada_loop",) if full else ()
-    chain = f"{ck}/llada-chain"
-    after_chain = ("train_llada_chain",) if full else ()
-    chain_s50 = f"{ck}/llada-chain-s50"
-    after_chain_s50 = ("train_llada_chain_s50",) if full else ()
-    testbeds = [  # (out dir, model, extra args, after, [(name, configs, shots, n, cost)])
-        ("testbed", llada, (), after_llada, [
+    testbeds = [  # (out dir, checkpoint, its training job, extra args, [(name, configs, shots, n, cost)])
+        ("testbed", "llada-arith", "train_llada", (), [
             ("testbed_semiar32", ("semiar32",), 0, 500, 40.0),
             ("testbed_pure", ("pure",), 0, 200, 16.8),
             ("testbed_fewshot", ("semiar32",), 4, 500, 77.7),
@@ -157,13 +151,13 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
              ("semiar32_s2", "semiar32_s4", "semiar32_s8", "semiar32_s16", "semiar32_s32"), 0, 100, 8.0),
             ("testbed_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8", "pure_s16", "pure_s32"), 0, 100, 14.5),
         ]),
-        ("testbed_loop", loop, ("--unique",), after_loop, [
+        ("testbed_loop", "llada-loop", "train_llada_loop", ("--unique",), [
             ("testbed_loop_semiar32", ("semiar32",), 0, 500, 37.5),
             ("testbed_loop_pure", ("pure",), 0, 500, 35.0),
             ("testbed_loop_fewshot", ("semiar32",), 4, 500, 86.0),
             ("testbed_loop_pure_fewshot", ("pure",), 4, 500, 86.9),
         ]),
-        ("testbed_chain", chain, ("--unique",), after_chain, [
+        ("testbed_chain", "llada-chain", "train_llada_chain", ("--unique",), [
             ("testbed_chain_semiar32", ("semiar32",), 0, 500, 42.5),
             ("testbed_chain_pure", ("pure",), 0, 500, 40.0),
             ("testbed_chain_fewshot", ("semiar32",), 4, 500, 101.8),
@@ -171,12 +165,13 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
             ("testbed_chain_tokens_per_step", ("semiar32_s2", "semiar32_s4", "semiar32_s8"), 0, 100, 5.1),
             ("testbed_chain_pure_tokens_per_step", ("pure_s2", "pure_s4", "pure_s8"), 0, 100, 5.6),
         ]),
-        ("testbed_chain_s50", chain_s50, ("--unique",), after_chain_s50, [
+        ("testbed_chain_s50", "llada-chain-s50", "train_llada_chain_s50", ("--unique",), [
             ("testbed_chain_s50_semiar32", ("semiar32",), 0, 200, 10.8),
             ("testbed_chain_s50_pure", ("pure",), 0, 200, 11.7),
         ]),
     ]
-    for d, model, extra, after, runs in testbeds:
+    for d, ckpt_name, trained_by, extra, runs in testbeds:
+        model, after = f"{ck}/{ckpt_name}", ((trained_by,) if full else ())
         tb = ("--model", model, *extra, "--out", f"{out}/{d}")
         for name, configs, k, n, cost in runs:
             jobs.append(Job(name, "experiments.testbed",
