@@ -1,12 +1,27 @@
-"""Pure, vectorized commit rules shared by every sampler.
+"""Commit rules: pure, vectorized functions and the small rule objects the one loop
+(:func:`dlm.sample.denoise`) plugs in.
 
-A denoising step proposes a token ``x0`` and a confidence for every position; a *commit rule*
-picks which still-masked positions take their proposal. All functions here are batched, have no
-per-row Python loops and no ``.item()``, so they run inside the step loop without host syncs.
+A denoising step proposes a token ``x0`` and a confidence for every position (:func:`propose`);
+a *commit rule* picks which still-masked positions take their proposal:
+
+==============  ==========================================================================
+``topk``        LLaDA's linear schedule: ``num_transfer_tokens`` per step, most confident first
+``threshold``   Fast-dLLM eq. 5: every position with confidence >= tau, at least the top one
+``factor``      Fast-dLLM eq. 6: the largest n with ``(n + 1)(1 - c(n)) < f``
+``first_hitting`` Zheng et al. 2025: one uniformly chosen position per step at the hitting time
+``ancestral``   MDLM / BD3-LM reverse step: each masked position w.p. ``(t - s) / t``
+==============  ==========================================================================
+
+All functions are batched, have no per-row Python loops and no ``.item()``, so they run inside
+the step loop without host syncs. Adding a rule: one :class:`CommitRule` subclass here, one line
+in ``RULES``, and its test in ``tests/test_commit.py``.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -50,20 +65,39 @@ def suppress_logits(logits: Tensor, token_ids: tuple[int, ...]) -> Tensor:
     return logits.index_fill(-1, idx, float("-inf"))
 
 
+def top_p_filter(logp: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter: keep the smallest most-probable set with mass >= ``top_p``, others -inf.
+
+    logp: (..., V) log-probabilities. The most probable token is always kept."""
+    if top_p >= 1.0:
+        return logp
+    sorted_lp, order = logp.sort(dim=-1, descending=True)  # (..., V)
+    probs = sorted_lp.exp()
+    drop = (probs.cumsum(-1) - probs) >= top_p  # mass strictly before this token already >= p
+    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logp).scatter_(-1, order, sorted_lp)
+
+
 def propose(
     logits: Tensor,
     temperature: float,
     remasking: str,
     generator: Optional[torch.Generator],
     exclude: tuple[int, ...] = (),
+    top_p: Optional[float] = None,
 ) -> tuple[Tensor, Tensor]:
     """Proposed tokens and their confidence. logits (B, T, V) -> x0 (B, T), conf (B, T) float64.
 
     ``exclude``: ids never proposed (the samplers pass [MASK]: a trained model gives it ~0 mass,
     and a proposed [MASK] would leave its column masked; optionally EOS/EoT too).
+    ``top_p``: None proposes from the raw logits (LLaDA); a number from the float64 SUBS
+    log-probabilities (BD3-LM / MDLM: excluded ids impossible), nucleus-filtered to ``top_p``.
     ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA).
     ``random``: conf ~ U(0, 1) (LLaDA's random remasking).
     """
+    if top_p is not None:
+        lp = suppress_logits(logits.to(torch.float64), exclude)
+        logits, exclude = top_p_filter(torch.log_softmax(lp, dim=-1), top_p), ()
     logits = suppress_logits(logits, exclude)
     x0 = add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, T)
     if remasking == "low_confidence":
@@ -117,3 +151,200 @@ def select_factor(confidence: Tensor, eligible: Tensor, factor: float) -> Tensor
     last = torch.where(ok, n.expand_as(ok), torch.zeros_like(sorted_conf)).amax(dim=-1)  # (B,)
     k = last.clamp_min(1).long()
     return select_topk(confidence, eligible, k)
+
+
+# ------------------------------------------------------------------------------ rule objects
+def check_real(name: str, value, low: float, high: float = math.inf, low_open: bool = True) -> float:
+    """``value`` as a float in ``(low, high]`` (``[low, high]`` unless ``low_open``); TypeError for a
+    non-number, ValueError for NaN, infinity or out of range, naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v > high or v < low or (low_open and v == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
+    return v
+
+
+def check_int(name: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_sampling(temperature: float, remasking: str, cfg_scale: float = 0.0) -> None:
+    """temperature, cfg_scale: finite numbers >= 0; remasking one of ``REMASKING``."""
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
+    for name, v in (("temperature", temperature), ("cfg_scale", cfg_scale)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """How a step turns logits into proposals (:func:`propose`). top_p None: LLaDA's raw logits;
+    a number: BD3-LM's SUBS log-probabilities with a nucleus filter. suppress_eos: EOS/EoT never
+    proposed (LLaDA's ``logits_eos_inf``); eos_last: EOS/EoT proposals get the lowest confidence
+    (LLaDA's ``confidence_eos_eot_inf``)."""
+
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    top_p: Optional[float] = None
+    suppress_eos: bool = False
+    eos_last: bool = False
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.remasking)
+        if self.top_p is not None:
+            check_real("top_p", self.top_p, 0.0, 1.0)
+
+
+class CommitRule:
+    """Interface of a commit rule. ``block_steps(width)``: steps a block with ``width`` answer
+    columns takes (None: until it is clean); ``begin(eligible, n_steps)``: per-block state;
+    ``select(conf, eligible, i, state, generator) -> (commit (B, L) bool, state)``: never commits an
+    ineligible column; ``commit_time(state)``: (B,) time recorded for this step's commits or None;
+    ``confidence``: the confidence the rule needs (overrides the proposal's remasking)."""
+
+    confidence: Optional[str] = None
+    records_time = False
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def block_steps(self, width: int) -> Optional[int]:
+        return None
+
+    def begin(self, eligible: Tensor, n_steps: Optional[int]):
+        return None
+
+    def commit_time(self, state) -> Optional[Tensor]:
+        return None
+
+
+@dataclass(frozen=True)
+class TopK(CommitRule):
+    """LLaDA Alg. 2: ``steps`` per block, ``num_transfer_tokens`` most confident per step."""
+
+    steps: int
+    name = "topk"
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps)
+
+    def block_steps(self, width: int) -> int:
+        return self.steps
+
+    def begin(self, eligible: Tensor, n_steps: Optional[int]) -> Tensor:
+        return num_transfer_tokens(eligible.sum(-1), n_steps)  # (B, steps)
+
+    def select(self, conf, eligible, i, state, generator):
+        return select_topk(conf, eligible, state[:, i]), state
+
+
+@dataclass(frozen=True)
+class Threshold(CommitRule):
+    """Fast-dLLM eq. 5 (:func:`select_threshold`); steps until the block is clean."""
+
+    threshold: float
+    name = "threshold"
+
+    def __post_init__(self) -> None:
+        check_real("threshold", self.threshold, 0.0, 1.0)
+
+    @property
+    def label(self) -> str:
+        return f"threshold={self.threshold:g}"
+
+    def select(self, conf, eligible, i, state, generator):
+        return select_threshold(conf, eligible, self.threshold), state
+
+
+@dataclass(frozen=True)
+class Factor(CommitRule):
+    """Fast-dLLM eq. 6 (:func:`select_factor`); steps until the block is clean."""
+
+    factor: float
+    name = "factor"
+
+    def __post_init__(self) -> None:
+        check_real("factor", self.factor, 0.0)
+
+    @property
+    def label(self) -> str:
+        return f"factor={self.factor:g}"
+
+    def select(self, conf, eligible, i, state, generator):
+        return select_factor(conf, eligible, self.factor), state
+
+
+@dataclass(frozen=True)
+class FirstHitting(CommitRule):
+    """Zheng et al. 2025: one uniformly chosen masked column per step (random confidences, top 1),
+    at the hitting time ``t <- t * u^(1 / n_masked)``; one step per masked column of the block."""
+
+    name = "first_hitting"
+    confidence = "random"
+    records_time = True
+
+    def block_steps(self, width: int) -> int:
+        return width
+
+    def begin(self, eligible: Tensor, n_steps: Optional[int]) -> Tensor:
+        return torch.ones(eligible.shape[0], dtype=torch.float64, device=eligible.device)  # t = 1
+
+    def select(self, conf, eligible, i, t_hit, generator):
+        B = conf.shape[0]
+        commit = select_topk(conf, eligible, torch.ones(B, dtype=torch.long, device=conf.device))
+        n_masked = eligible.sum(-1)  # (B,)
+        u = torch.rand(B, generator=generator, device=conf.device, dtype=torch.float64)
+        t_hit = torch.where(n_masked > 0, t_hit * u ** (1.0 / n_masked.clamp_min(1)), t_hit)
+        return commit, t_hit
+
+    def commit_time(self, t_hit: Tensor) -> Tensor:
+        return t_hit
+
+
+@dataclass(frozen=True)
+class Ancestral(CommitRule):
+    """MDLM / BD3-LM reverse step ``q(x_s | x_t, x_theta)`` on ``t_i = 1 - i / steps``: each masked
+    column is unmasked with probability ``(t - s) / t = 1 / (steps - i)``."""
+
+    steps: int
+    name = "ancestral"
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps)
+
+    def block_steps(self, width: int) -> int:
+        return self.steps
+
+    def select(self, conf, eligible, i, state, generator):
+        u = torch.rand(eligible.shape, generator=generator, device=eligible.device, dtype=torch.float64)
+        return eligible & (u < 1.0 / (self.steps - i)), state
+
+
+RULES = {"topk": TopK, "threshold": Threshold, "factor": Factor, "first_hitting": FirstHitting,
+         "ancestral": Ancestral}
+
+
+def make_rule(name: str, steps_per_block: int, threshold: Optional[float] = None,
+              factor: Optional[float] = None) -> CommitRule:
+    """The rule ``name`` (``RULES``) with its number: ``threshold`` / ``factor`` for those rules,
+    ``steps_per_block`` for the scheduled ones."""
+    if name not in RULES:
+        raise ValueError(f"rule must be one of {tuple(RULES)}, got {name!r}")
+    if name != "threshold" and threshold is not None:
+        raise ValueError(f"threshold is an option of rule 'threshold', not of {name!r}")
+    if name != "factor" and factor is not None:
+        raise ValueError(f"factor is an option of rule 'factor', not of {name!r}")
+    if name == "threshold":
+        return Threshold(0.9 if threshold is None else threshold)
+    if name == "factor":
+        return Factor(1.0 if factor is None else factor)
+    if name == "first_hitting":
+        return FirstHitting()
+    return RULES[name](steps_per_block)

@@ -1,24 +1,18 @@
-"""What a Fast-dLLM run recomputes and commits (Wu et al. 2025, "Fast-dLLM").
+"""Fast-dLLM's cache policies (Wu et al. 2025, Sec. 3.2, "Key-Value Cache for Block-Wise
+Decoding") for the one loop :func:`dlm.sample.denoise`.
 
-Two independent choices:
+Every block starts with one full forward over prompt + answer that (re)fills the
+:class:`dlm.cache.KVCache` and gives the block's first commit; the later steps of the block
+recompute only a window and read every other column from the cache:
 
-- the *cache policy* (Sec. 3.2, "Key-Value Cache for Block-Wise Decoding"): which columns each
-  denoising step recomputes. Every block starts with one full forward over prompt + answer that
-  (re)fills a :class:`dlm.cache.KVCache`; the later steps of the block recompute
+* ``"prefix"`` the block and all columns after it, ``[lo, T)``, reading the prefix ``[0, lo)``
+  (Fig. 3a);
+* ``"dual"``   only the block ``[lo, hi)``, reading the prefix *and* the (all-[MASK]) suffix
+  ``[hi, T)`` (Fig. 3b, "DualCache").
 
-  * ``None``     everything (no cache; LLaDA's baseline cost),
-  * ``"prefix"`` the block and all columns after it, ``[lo, T)``, reading the prefix ``[0, lo)``
-                 from the cache (Fig. 3a),
-  * ``"dual"``   only the block ``[lo, hi)``, reading the prefix *and* the (all-[MASK]) suffix
-                 ``[hi, T)`` from the cache (Fig. 3b, "DualCache").
-
-  ``refresh_every = k`` additionally redoes the full committing forward at every k-th step of a
-  block (``k = 1`` recomputes everything every step, i.e. the uncached computation).
-
-- the *commit rule* (Sec. 3.3, "Confidence-Aware Parallel Decoding"): the baseline's linear top-k
-  schedule, the threshold rule (Thm. 1 / eq. 5: commit every masked position with confidence
-  >= tau, at least the most confident one) or the factor rule (eq. 6: the largest n with
-  ``(n + 1)(1 - c(n)) < f``). The rules themselves live in :mod:`dlm.commit`.
+``refresh_every = k`` additionally redoes the full committing forward at every k-th step of a
+block (``k = 1`` recomputes everything every step, i.e. the uncached computation). The cache is
+approximate: the cached K/V of committed and suffix columns are those of the last full forward.
 
 Dream-style models (``config.shift_logits``) predict column ``j`` from hidden state ``j - 1``, so a
 cached window that must predict column ``lo`` starts one column earlier, at ``lo - 1``, and drops
@@ -27,82 +21,17 @@ its first logit (:func:`window`).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 from torch import Tensor
 
-from dlm.commit import select_factor, select_threshold, select_topk
+from dlm.commit import check_int
+from dlm.sample import Run
+from dlm.sampling import FullSequence
 from dlm.stats import forward_flops
 
 CACHE_MODES = (None, "prefix", "dual")
-
-
-def _check_number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Validated cache policy + commit rule of one ``fastdllm.generate`` call."""
-
-    cache: Optional[str] = None
-    threshold: Optional[float] = None
-    factor: Optional[float] = None
-    refresh_every: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES}, got {self.cache!r}")
-        if self.threshold is not None and self.factor is not None:
-            raise ValueError("give at most one of threshold and factor, not both")
-        if self.threshold is not None:
-            tau = _check_number("threshold", self.threshold)
-            if not 0.0 < tau <= 1.0:
-                raise ValueError(f"threshold must lie in (0, 1], got {self.threshold!r}")
-        if self.factor is not None:
-            f = _check_number("factor", self.factor)
-            if not f > 0.0:
-                raise ValueError(f"factor must be > 0, got {self.factor!r}")
-        if self.refresh_every is not None:
-            if isinstance(self.refresh_every, bool) or not isinstance(self.refresh_every, int):
-                raise TypeError(f"refresh_every must be an int, got {type(self.refresh_every).__name__}")
-            if self.refresh_every < 1:
-                raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
-            if self.cache is None:
-                raise ValueError("refresh_every needs cache='prefix' or 'dual' (without a cache "
-                                 "every forward is already a full one)")
-
-    @property
-    def parallel(self) -> bool:
-        """True for the confidence-aware rules (dynamic number of steps per block)."""
-        return self.threshold is not None or self.factor is not None
-
-    @property
-    def rule(self) -> str:
-        if self.threshold is not None:
-            return f"threshold={self.threshold:g}"
-        if self.factor is not None:
-            return f"factor={self.factor:g}"
-        return "topk"
-
-    def select(self, confidence: Tensor, eligible: Tensor, k: Optional[Tensor]) -> Tensor:
-        """Positions to commit, bool (B, L). ``k`` (B,) is the top-k schedule's count (unused by
-        the parallel rules). A row with nothing eligible commits nothing."""
-        if self.threshold is not None:
-            return select_threshold(confidence, eligible, self.threshold)
-        if self.factor is not None:
-            return select_factor(confidence, eligible, self.factor)
-        return select_topk(confidence, eligible, k)
-
-    def full_step(self, i: int) -> bool:
-        """Whether step ``i`` of a block (0-based) runs the full forward over all columns."""
-        if self.cache is None or i == 0:
-            return True
-        return self.refresh_every is not None and i % self.refresh_every == 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +61,60 @@ def window(cache: str, lo: int, hi: int, seq_len: int, shift_logits: bool) -> Wi
     stop = seq_len if cache == "prefix" else hi
     first = lo - start
     return Window(start, stop, slice(first, first + hi - lo))
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """Fig. 3a: cached steps recompute ``[lo, T)``; full refresh at each block start (and every
+    ``refresh_every``-th step)."""
+
+    refresh_every: Optional[int] = None
+    name = "prefix"
+
+    def __post_init__(self) -> None:
+        if self.refresh_every is not None:
+            check_int("refresh_every", self.refresh_every)
+
+    def start(self, run: Run) -> None:
+        run.new_cache()
+
+    def full_step(self, i: int) -> bool:
+        """Whether step ``i`` of a block (0-based) runs the full committing forward."""
+        return i == 0 or (self.refresh_every is not None and i % self.refresh_every == 0)
+
+    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
+        pass
+
+    def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
+        T = run.x.shape[1]
+        if self.full_step(i):
+            logits = run.forward(0, T, run.key_padding, slice(lo, hi), commit=True)  # (B, L, V)
+            if self.name == "prefix":
+                run.cache.truncate(lo)  # keep K/V of the columns before the block only
+            return logits
+        w = window(self.name, lo, hi, T, run.model.config.shift_logits)
+        return run.forward(w.start, w.stop, run.key_padding, w.logits_slice)  # (B, L, V)
+
+
+@dataclass(frozen=True)
+class DualCache(PrefixCache):
+    """Fig. 3b: cached steps recompute only the block ``[lo, hi)``; prefix and suffix K/V from the
+    last full forward."""
+
+    name = "dual"
+
+
+def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None):
+    """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`)."""
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if cache is None:
+        if refresh_every is not None:
+            check_int("refresh_every", refresh_every)
+            raise ValueError("refresh_every needs cache='prefix' or 'dual' (without a cache "
+                             "every forward is already a full one)")
+        return FullSequence()
+    return (PrefixCache if cache == "prefix" else DualCache)(refresh_every)
 
 
 def window_flops(config, q_len: int, k_len: int, head_positions: int) -> int:

@@ -15,7 +15,7 @@ def run(model, prompts, mask=None, seed=0, **kw):
     kw.setdefault("block_size", 4)
     kw.setdefault("gen_length", 12)
     out = sample(model, prompts, mask, generator=torch.Generator().manual_seed(seed),
-                 callback=lambda b, i, lg: logits.append(lg.clone()), **kw)
+                 callback=lambda v: logits.append(v.logits.clone()), **kw)
     return out, logits
 
 
