@@ -25,9 +25,9 @@ PathLike = Union[str, os.PathLike]
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "float64": torch.float64}
+#: the one dtype table (command-line names -> torch dtypes); the short aliases are accepted too
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+_DTYPES = {**DTYPES, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _as_dtype(dtype) -> Optional[torch.dtype]:

@@ -1,0 +1,213 @@
+"""The one strategy type: a name plus the arguments of the one loop (:func:`dlm.sample.denoise`).
+
+A :class:`Strategy` says which cache policy recomputes what (``cache``), which commit rule
+decides what to keep (``rule``), and the numbers (``gen_length``, ``block_length``, ``steps``,
+``threshold``, ``factor``, ...). Every policy runs with every rule, e.g. BD3-LM's exact cache with
+the threshold rule inside each block (what Fast-dLLM v2 does for block-diffusion models).
+
+=================  =========================================================================
+cache              policy (which window a step recomputes, when K/V are written)
+=================  =========================================================================
+``none``           :class:`dlm.sampling.FullSequence`: prompt + answer, no cache (LLaDA)
+``prefix``         :class:`fastdllm.PrefixCache`: ``[lo, T)``, refreshed per block (Fast-dLLM)
+``dual``           :class:`fastdllm.DualCache`: the block only, refreshed per block (Fast-dLLM)
+``exact``          :class:`bd3lm.policy.ExactBlockCache`: the block only, block-causal, clean
+                   blocks' K/V written once (BD3-LM; a block-diffusion model)
+``block_causal``   the same attention without the cache (the whole prefix every step)
+=================  =========================================================================
+
+Adding a cache policy: its module (a class with ``name``, ``start``, ``logits``, ``full_step``,
+``block_done``) and one line in ``POLICIES``; adding a commit rule: :mod:`dlm.commit`.
+
+Grids (``GRIDS``) build the strategies of a results table from one set of numbers: ``table1``
+(Fast-dLLM's Table 1 line-up + BD3-LM) and ``factorial`` (cache x rule x stop_at_eos x block).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, replace
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from bd3lm.policy import ALIGNS, ExactBlockCache
+from bd3lm.sampler import block_layout
+from dlm.commit import RULES, Proposal, check_int, check_real, make_rule
+from dlm.sample import Callback, GenerateOutput, denoise
+from dlm.sampling import FullSequence, blocks_after
+from dlm.validate import check_blocks, prepare_batch
+from fastdllm.policies import DualCache, PrefixCache
+
+POLICIES = {
+    "none": lambda s: FullSequence(s.cfg_scale),
+    "prefix": lambda s: PrefixCache(s.refresh_every),
+    "dual": lambda s: DualCache(s.refresh_every),
+    "exact": lambda s: ExactBlockCache(s.block_length, s.align, use_cache=True),
+    "block_causal": lambda s: ExactBlockCache(s.block_length, s.align, use_cache=False),
+}
+BLOCK_MODELS = ("exact", "block_causal")  # policies for block-diffusion (BD3-LM) models
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One sampler configuration (a row of a results table).
+
+    block_length None: one block of ``gen_length`` (full-sequence diffusion); for the
+    block-diffusion policies it must be the model's block size (:meth:`for_bd3` sets it).
+    steps: total denoising steps of the scheduled rules (default ``gen_length``: one token per
+    step), split evenly over the blocks. threshold / factor: the numbers of those rules.
+    top_p: None proposes from raw logits (LLaDA); a number from BD3-LM's SUBS log-probabilities.
+    align: block alignment of the block-diffusion policies (``prompt`` or ``absolute``).
+    """
+
+    name: str = "baseline"
+    cache: str = "none"
+    rule: str = "topk"
+    gen_length: int = 256
+    block_length: Optional[int] = 32
+    steps: Optional[int] = None
+    threshold: Optional[float] = None
+    factor: Optional[float] = None
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    top_p: Optional[float] = None
+    stop_at_eos: bool = False
+    refresh_every: Optional[int] = None
+    cfg_scale: float = 0.0
+    align: str = "prompt"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name or "." in self.name:
+            raise ValueError(f"strategy name must be a non-empty str without '/' or '.', got {self.name!r}")
+        if self.cache not in POLICIES:
+            raise ValueError(f"strategy {self.name}: cache must be one of {tuple(POLICIES)}, got {self.cache!r}")
+        if self.align not in ALIGNS:
+            raise ValueError(f"strategy {self.name}: align must be one of {ALIGNS}, got {self.align!r}")
+        if not isinstance(self.stop_at_eos, bool):
+            raise TypeError(f"strategy {self.name}: stop_at_eos must be a bool")
+        if self.block_length is None and self.cache in BLOCK_MODELS:
+            raise ValueError(f"strategy {self.name}: cache={self.cache!r} needs the model's block size "
+                             "as block_length (Strategy.for_bd3)")
+        if self.cfg_scale and self.cache != "none":
+            raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
+        check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
+        check_blocks(self.gen_length, self.block, self.total_steps)
+        self.commit_rule()  # validates rule, threshold, factor, steps
+        self.proposal()  # validates temperature, remasking, top_p
+        POLICIES[self.cache](self)  # validates refresh_every
+
+    @property
+    def block(self) -> int:
+        """The decoding block length (``gen_length`` for one block)."""
+        return self.gen_length if self.block_length is None else self.block_length
+
+    @property
+    def total_steps(self) -> int:
+        return self.gen_length if self.steps is None else self.steps
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.total_steps * self.block // self.gen_length
+
+    def commit_rule(self):
+        return make_rule(self.rule, self.steps_per_block, self.threshold, self.factor)
+
+    def proposal(self) -> Proposal:
+        return Proposal(self.temperature, self.remasking, self.top_p)
+
+    def policy(self):
+        return POLICIES[self.cache](self)
+
+    def for_bd3(self, block_size: int, align: str) -> "Strategy":
+        """This strategy on a BD3-LM model of ``block_size`` and ``align`` (the block-diffusion
+        policies only; others are returned unchanged)."""
+        if self.cache not in BLOCK_MODELS:
+            return self
+        check_int("block_size", block_size)
+        return replace(self, block_length=block_size, align=align)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @torch.no_grad()
+    def run(self, model, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+            generator: Optional[torch.Generator] = None, callback: Optional[Callback] = None,
+            backend: str = "sdpa") -> GenerateOutput:
+        """Decode after the left-padded prompts ``input_ids`` (B, P) with the one loop."""
+        G, L = self.gen_length, self.block
+        if self.cache in BLOCK_MODELS:
+            blocks = block_layout(self.align, input_ids.shape[1], G, L, attention_mask)
+        else:
+            blocks = blocks_after(input_ids.shape[1], G, L)
+        batch = prepare_batch(model, input_ids, attention_mask, G, None)
+        return denoise(model, batch, blocks, self.policy(), self.commit_rule(), self.proposal(),
+                       stop_at_eos=self.stop_at_eos, generator=generator, backend=backend, callback=callback)
+
+
+# ------------------------------------------------------------------------------------- grids
+def table1(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
+           factor: float = 1.0, temperature: float = 0.0) -> tuple[Strategy, ...]:
+    """Fast-dLLM's Table 1 line-up (baseline full / semi-AR, each cache and rule) plus BD3-LM."""
+    base = Strategy("baseline_semiar", gen_length=gen_length, block_length=block_length, steps=steps,
+                    temperature=temperature)
+    thr = dict(rule="threshold", threshold=threshold)
+    return (
+        replace(base, name="baseline_full", block_length=None),
+        base,
+        replace(base, name="fastdllm_prefix", cache="prefix"),
+        replace(base, name="fastdllm_dual", cache="dual"),
+        replace(base, name="fastdllm_threshold", **thr),
+        replace(base, name="fastdllm_factor", rule="factor", factor=factor),
+        replace(base, name="fastdllm_prefix_threshold", cache="prefix", **thr),
+        replace(base, name="fastdllm_dual_threshold", cache="dual", **thr),
+        replace(base, name="bd3lm", cache="exact", stop_at_eos=True, top_p=1.0),
+    )
+
+
+def factorial(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
+              factor: float = 1.0, temperature: float = 0.0) -> tuple[Strategy, ...]:
+    """cache (none / prefix / dual) x rule (top-k / threshold) x stop_at_eos x (semi-AR / one block):
+    24 cells; the cell without cache, rule or stop is the semi-AR / full baseline."""
+    cells = []
+    for cache, rule, stop, semi in itertools.product(("none", "prefix", "dual"), ("topk", "threshold"),
+                                                     (False, True), (True, False)):
+        name = (f"abl_{'nocache' if cache == 'none' else cache}_{rule}_{'eos' if stop else 'noeos'}_"
+                f"{'semiar' if semi else 'full'}")
+        cells.append(Strategy(name, cache, rule, gen_length, block_length if semi else None, steps,
+                              threshold if rule == "threshold" else None, temperature=temperature,
+                              stop_at_eos=stop))
+    return tuple(cells)
+
+
+GRIDS = {"table1": table1, "factorial": factorial}
+STRATEGY_NAMES = tuple(s.name for grid in GRIDS.values() for s in grid())
+
+
+def resolve(names: Sequence[str], **numbers) -> list[Strategy]:
+    """Strategy or grid names -> strategies built from ``numbers`` (grid order, duplicates dropped)."""
+    if isinstance(names, str) or not names:
+        raise ValueError("strategies must be a non-empty list of strategy or grid names")
+    every = {s.name: s for grid in GRIDS.values() for s in grid(**numbers)}
+    out: dict[str, Strategy] = {}
+    for name in names:
+        if name in GRIDS:
+            out.update((s.name, s) for s in GRIDS[name](**numbers))
+        elif name in every:
+            out[name] = every[name]
+        else:
+            raise ValueError(f"strategies: unknown name {name!r}; grids: {sorted(GRIDS)}; "
+                             f"strategies: {sorted(every)}")
+    return list(out.values())
+
+
+def factors(s: Strategy) -> dict:
+    """Factor levels recorded with every sample (the ablation reads them back)."""
+    kind = "bd3lm" if s.cache in BLOCK_MODELS else "baseline" if (s.cache, s.rule) == ("none", "topk") else "fastdllm"
+    return {"kind": kind, "cache": s.cache, "parallel": s.rule if s.rule in ("threshold", "factor") else "none",
+            "stop_at_eos": s.stop_at_eos, "block_length": s.block}
+
+
+__all__ = ["BLOCK_MODELS", "GRIDS", "POLICIES", "RULES", "STRATEGY_NAMES", "Strategy", "factorial", "factors",
+           "resolve", "table1"]
