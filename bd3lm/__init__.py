@@ -5,9 +5,9 @@ Autoregressive over blocks of ``L'`` tokens, masked diffusion within a block:
 (BD3-LM eq. 8). ``L' = 1`` is an AR model, ``L' = L`` is MDLM.
 
 Modules: :mod:`.masks` (the vectorized ``x_t ⊕ x_0`` mask), :mod:`.loss` (NELBO / objective),
-:mod:`.schedules` (clipped schedules and the variance search), :mod:`.sampler` (exact-cache
-sampling), :mod:`.perplexity`, :mod:`.data` (LM1B / OWT chunks). :class:`BD3LM` ties them to one
-``dlm`` Transformer.
+:mod:`.schedules` (clipped schedules), :mod:`.clipping` (the variance search), :mod:`.policy`
+(the exact block-causal cache), :mod:`.sampler` (exact-cache sampling), :mod:`.perplexity`,
+:mod:`.data` (LM1B / OWT chunks). :class:`BD3LM` ties them to one ``dlm`` Transformer.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from .loss import BD3Objective, NELBOTerms, bd3_logits, bd3_nelbo
 from .masks import bd3_mask, dense_bd3_mask, flex_bd3_mask
 from .perplexity import PerplexityResult, perplexity
 from .sampler import ALIGNS, MODES, sample
-from .schedules import DEFAULT_GRID, UNCLIPPED, ClipSchedule, ClipSearchResult, search_clipping
+from .clipping import ClipSearchResult, search_clipping
+from .schedules import DEFAULT_GRID, UNCLIPPED, ClipSchedule
 
 META_FILE = "bd3lm.json"
 META_KEY = "bd3lm"

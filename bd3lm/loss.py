@@ -266,7 +266,7 @@ def bd3_nelbo(model, batch: dict, block_size: int, *, schedule: ClipSchedule = U
 class BD3Objective:
     """``objective(model, batch, generator) -> (loss, metrics)`` for :func:`dlm.train.train`.
 
-    ``schedule`` is the (mutable) training schedule; :func:`bd3lm.schedules.search_clipping`
+    ``schedule`` is the (mutable) training schedule; :func:`bd3lm.clipping.search_clipping`
     run during validation may replace it (see :meth:`bd3lm.BD3LM.eval_fn`).
     """
 

@@ -1,4 +1,4 @@
-"""Noise schedules for BD3-LM: low-discrepancy block times, clipping and the variance search.
+"""Noise schedules for BD3-LM: low-discrepancy block times, clipping, the search grid.
 
 Linear schedule ``alpha_t = 1 - t``: each token of block b is masked independently with
 probability ``t_b`` and its NELBO weight is ``-alpha'_t / (1 - alpha_t) = 1 / t`` (BD3-LM eq. 8).
@@ -15,16 +15,16 @@ count falls outside ``[ceil(beta n), floor(omega n)]`` (``n`` its real tokens) i
 loop; the first candidate when none is admissible). Clipping and resampling bias the NELBO and
 are for *training* only: perplexity is always reported with the unclipped ``U[0, 1]`` schedule.
 
-Data-driven search (BD3-LM sec. 4 / Table 6): :func:`search_clipping` evaluates the clipped
-estimator for every ``(beta, omega)`` of a grid on validation batches, with *common random
-numbers* (the same ``u`` and token uniforms for every grid point), and picks the pair that
-minimises the summed per-batch variance of the per-(sequence, block) NELBO terms.
+Data-driven search (BD3-LM sec. 4 / Table 6): :func:`bd3lm.clipping.search_clipping` picks the
+``(beta, omega)`` of a grid (:data:`DEFAULT_GRID`, :func:`check_grid`) that minimises the variance
+of the NELBO estimate. It lives in its own module because it runs the loss, which imports this
+one (schedules -> loss -> clipping, no cycle).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
 import torch
@@ -140,19 +140,6 @@ def block_masks(r: Tensor, t_tok: Tensor, keep: Tensor, block_size: int,
     return cand.gather(1, pick[:, None, :]).squeeze(1)  # (B, R)
 
 
-@dataclass(frozen=True)
-class ClipSearchResult:
-    """Chosen schedule and the summed per-batch variance of every grid point."""
-
-    schedule: ClipSchedule
-    variances: dict = field(default_factory=dict)  # (beta, omega) -> summed variance
-    n_batches: int = 0
-
-    def to_dict(self) -> dict:
-        return {"beta": self.schedule.beta, "omega": self.schedule.omega, "n_batches": self.n_batches,
-                "variances": {f"{b:g}-{o:g}": v for (b, o), v in self.variances.items()}}
-
-
 def check_grid(grid: Iterable) -> tuple[tuple[float, float], ...]:
     """Validate a grid of (beta, omega) pairs (each must be a valid :class:`ClipSchedule`)."""
     pairs = tuple(grid)
@@ -163,34 +150,3 @@ def check_grid(grid: Iterable) -> tuple[tuple[float, float], ...]:
             raise TypeError(f"grid entries must be (beta, omega) pairs, got {pair!r}")
         ClipSchedule(pair[0], pair[1])
     return tuple((float(b), float(o)) for b, o in pairs)
-
-
-@torch.no_grad()
-def search_clipping(model, batches: Iterable[dict], block_size: int,
-                    grid: Iterable = DEFAULT_GRID, generator: Optional[torch.Generator] = None,
-                    resample: bool = False, backend: str = "sdpa") -> ClipSearchResult:
-    """Pick ``(beta, omega)`` minimising Var(NELBO estimate) on validation ``batches``.
-
-    For each batch one noise draw is shared by all grid points; the statistic of a grid point is
-    the sum over batches of the variance of its per-(sequence, block) NELBO terms (as BD3-LM's
-    reference ``_clipped_schedule_search``).
-    """
-    from .loss import bd3_nelbo  # local: loss imports this module
-
-    pairs = check_grid(grid)
-    schedules = [ClipSchedule(b, o, resample=resample) for b, o in pairs]
-    totals = torch.zeros(len(pairs), dtype=torch.float64)
-    n = 0
-    for batch in batches:
-        ids = batch["input_ids"] if isinstance(batch, dict) else batch
-        batch = batch if isinstance(batch, dict) else {"input_ids": batch}
-        noise = draw_noise(ids.shape[0], ids.shape[1], block_size, schedules[0], generator, ids.device)
-        for i, sched in enumerate(schedules):
-            terms = bd3_nelbo(model, batch, block_size, schedule=sched, noise=noise, backend=backend)
-            totals[i] += terms.block_terms.flatten().to(torch.float64).var().cpu()
-        n += 1
-    if n == 0:
-        raise ValueError("batches: empty validation set for the clipping search")
-    best = int(torch.argmin(totals))
-    variances = {p: float(v) for p, v in zip(pairs, totals)}
-    return ClipSearchResult(ClipSchedule(*pairs[best], resample=resample), variances, n)

@@ -36,8 +36,7 @@ def num_transfer_tokens(mask_count: Tensor, steps: int) -> Tensor:
     Each step commits ``n // steps`` tokens and the first ``n % steps`` steps one more
     (LLaDA Alg. 2 with a linear alpha_t). mask_count: (B,) -> (B, steps) long.
     """
-    if steps <= 0:
-        raise ValueError(f"steps must be positive, got {steps}")
+    check_int("steps", steps)
     base = (mask_count // steps)[:, None]  # (B, 1)
     rem = (mask_count % steps)[:, None]  # (B, 1)
     step_idx = torch.arange(steps, device=mask_count.device)[None, :]  # (1, steps)
@@ -301,7 +300,7 @@ class FirstHitting(CommitRule):
         commit = select_topk(conf, eligible, torch.ones(B, dtype=torch.long, device=conf.device))
         n_masked = eligible.sum(-1)  # (B,)
         u = torch.rand(B, generator=generator, device=conf.device, dtype=torch.float64)
-        t_hit = torch.where(n_masked > 0, t_hit * u ** (1.0 / n_masked.clamp_min(1)), t_hit)
+        t_hit = torch.where(n_masked > 0, t_hit * u ** (1.0 / n_masked.clamp_min(1).double()), t_hit)
         return commit, t_hit
 
     def commit_time(self, t_hit: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""Closed-vocabulary word-level tokenizer for the small embedded models.
+"""Closed-vocabulary word-level tokenizer (generic: the words come from the caller).
 
 Design (guarantees ``decode(encode(text)) == text`` for in-vocabulary text):
 
@@ -14,6 +14,11 @@ Design (guarantees ``decode(encode(text)) == text`` for in-vocabulary text):
 Special tokens have fixed small ids (``pad=0, bos=1, eos=2, mask=3, unk=4``),
 but callers should always read them from the tokenizer.  Encoding adds no
 special tokens by itself.
+
+This module knows no task: :func:`build_word_tokenizer` takes the vocabulary, the text whose
+pieces are always included (a prompt template's literal words) and the chat template as
+arguments. The embedded models' tokenizer (arithmetic words + the few-shot template) is
+:func:`dlm.tasks.tokenizer.build_tokenizer`.
 """
 
 from __future__ import annotations
@@ -23,22 +28,19 @@ import re
 import string
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-from dlm.tasks.arith import arith_vocabulary
-from dlm.tasks.fewshot import DEFAULT_TEMPLATE
 
 __all__ = [
     "PIECE_PATTERN",
     "SPACE",
     "SPECIAL_TOKENS",
-    "build_tokenizer",
-    "chat_template",
-    "default_vocabulary",
+    "build_word_tokenizer",
     "load_tokenizer",
     "save_tokenizer",
+    "word_pieces",
 ]
 
 #: Marker that stands for a space inside tokens.
@@ -57,66 +59,42 @@ _PIECE_RE = re.compile(PIECE_PATTERN)
 _BASE_TOKENS = (SPACE, "\n", *string.digits)
 
 
-def _template_pieces() -> set[str]:
-    t = DEFAULT_TEMPLATE
-    return set(_pieces(t.query("") + t.completion("") + t.shot_separator))
-
-
-def default_vocabulary() -> list[str]:
-    """Words of the arithmetic task plus those of the default prompt template."""
-    return sorted(set(arith_vocabulary()) | _template_pieces())
-
-
-def _pieces(text: str) -> list[str]:
+def word_pieces(text: str) -> list[str]:
     """Word/punctuation pieces of ``text`` without space markers, digits or newlines."""
     found = (piece.lstrip(SPACE) for piece in _PIECE_RE.findall(text.replace(" ", SPACE)))
     return [piece for piece in found if piece and piece not in _BASE_TOKENS]
 
 
-def chat_template() -> str:
-    """Jinja chat template rendering messages in the :data:`DEFAULT_TEMPLATE` format.
-
-    User turns become ``"Question: <content>\\nAnswer:"`` and assistant turns
-    ``" <content>\\n\\n"``, so alternating messages reproduce
-    :func:`dlm.tasks.format_prompt` exactly.
-    """
-    t = DEFAULT_TEMPLATE
-    user = t.question_prefix + "{{ message['content'] }}\n" + t.answer_prefix
-    assistant = t.answer_separator + "{{ message['content'] }}" + t.shot_separator
-    return (
-        "{% for message in messages %}"
-        f"{{% if message['role'] == 'user' %}}{user}"
-        f"{{% elif message['role'] == 'assistant' %}}{assistant}"
-        "{% else %}{{ raise_exception('only user and assistant roles are supported') }}"
-        "{% endif %}{% endfor %}"
-    )
-
-
-def build_tokenizer(vocab_words: Iterable[str] | None = None, model_max_length: int = 4096) -> PreTrainedTokenizerFast:
+def build_word_tokenizer(vocab_words: Iterable[str], fixed_text: str = "", chat_template: Optional[str] = None,
+                         model_max_length: int = 4096) -> PreTrainedTokenizerFast:
     """Build the word-level tokenizer.
 
     Args:
         vocab_words: Words (or whole texts, which are split into pieces) to
-            include; defaults to :func:`default_vocabulary`.  Digits, space,
-            newline, ASCII punctuation and the prompt-template words are always
-            included.  Each word gets a plain and a space-prefixed token.
+            include.  Digits, space, newline, ASCII punctuation and the pieces
+            of ``fixed_text`` are always included.  Each word gets a plain and a
+            space-prefixed token.
+        fixed_text: Text whose pieces are always in the vocabulary (e.g. the
+            literal words of a prompt template).
+        chat_template: Jinja chat template stored on the tokenizer (or None).
         model_max_length: Stored as the tokenizer's ``model_max_length``.
 
     Raises:
-        TypeError: if ``vocab_words`` is a str or contains non-str items.
+        TypeError: if ``vocab_words`` is a str or contains non-str items, or
+            ``fixed_text`` is not a str.
         ValueError: if ``model_max_length`` is not positive.
     """
-    if vocab_words is None:
-        vocab_words = default_vocabulary()
     if isinstance(vocab_words, str) or not isinstance(vocab_words, Iterable):
         raise TypeError("vocab_words must be an iterable of str (not a single str)")
+    if not isinstance(fixed_text, str):
+        raise TypeError(f"fixed_text must be a str, got {type(fixed_text).__name__}")
     if isinstance(model_max_length, bool) or not isinstance(model_max_length, int) or model_max_length <= 0:
         raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
-    pieces = _template_pieces() | set(string.punctuation)
+    pieces = set(word_pieces(fixed_text)) | set(string.punctuation)
     for i, word in enumerate(vocab_words):
         if not isinstance(word, str):
             raise TypeError(f"vocab_words[{i}] must be a str, got {type(word).__name__}")
-        pieces.update(_pieces(word))
+        pieces.update(word_pieces(word))
     vocab: dict[str, int] = {}
     for token in (*SPECIAL_TOKENS.values(), *_BASE_TOKENS):
         vocab[token] = len(vocab)
@@ -135,7 +113,7 @@ def build_tokenizer(vocab_words: Iterable[str] | None = None, model_max_length: 
         model_max_length=model_max_length,
         **SPECIAL_TOKENS,
     )
-    tokenizer.chat_template = chat_template()
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

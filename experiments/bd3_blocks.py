@@ -22,23 +22,33 @@ from pathlib import Path
 
 import torch
 
-from bd3lm import BD3LM, sample
+from bd3lm import BD3LM
 from dlm.checkpoints import weights_fingerprint
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import wilson_ci
-from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
-                                git_sha, repo_relative)
+from experiments.cli import set_threads
+from experiments.common import REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha, repo_relative
+from experiments.evaluate import evaluate
+from experiments.strategy import Strategy
 
 DEFAULT_MODELS = [str(REPO / "results" / "checkpoints" / f"bd3lm-arith-{b}") for b in (4, 8, 16)]
 
 
 def sampler_kwargs(block_size: int, gen_length: int, use_cache: bool = True) -> dict:
+    """The recorded config (its hash keys the resumable files; names of ``bd3lm.sample``)."""
     return dict(block_size=block_size, gen_length=gen_length, steps_per_block=block_size, align="prompt",
                 use_cache=use_cache)
 
 
+def strategy(block_size: int, gen_length: int, use_cache: bool = True) -> Strategy:
+    """BD3-LM's sampler: exact cache (or the same attention uncached), one token per step,
+    top-k on the SUBS probabilities, greedy, stop at the first block with EOS."""
+    return Strategy(f"L{block_size}", "exact" if use_cache else "block_causal", "topk", gen_length, block_size,
+                    steps=gen_length, top_p=1.0, stop_at_eos=True)
+
+
 def run(args) -> None:
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     out = Path(args.out)
     for path in args.models:
         wrapper, tok = BD3LM.load(path, dtype=torch.float32)
@@ -53,10 +63,10 @@ def run(args) -> None:
                 kw = sampler_kwargs(L, args.gen_length, use_cache)
                 log = JsonlLog(out / f"L{L}_k{k}{'' if use_cache else '_uncached'}.jsonl")
                 h = config_hash({"model": repo_relative(path), **kw, "shots": k, "seed": args.seed})
-                evaluate_resumable(log, problems[:n], model, tok, sample, cfg_hash=h, weights=weights,
-                                   seed=args.seed, tags={"block_size": L, "shots": k, "use_cache": use_cache},
-                                   batch_size=args.batch_size, shots=shots, label=f"L'={L} k={k} cache={use_cache}",
-                                   **kw)
+                evaluate(model, tok, problems[:n], strategy(L, args.gen_length, use_cache), log, shots=shots,
+                         batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights,
+                         tags={"block_size": L, "shots": k, "use_cache": use_cache})
+                print(f"L'={L} k={k} cache={use_cache}: {len(log.records)}/{n}", flush=True)
     report(args)
 
 

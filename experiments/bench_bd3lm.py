@@ -7,8 +7,11 @@
 (b) sampling: exact KV cache vs the uncached block-causal reference (rerun the whole prefix
     at every step) at total lengths 512 and 1024, next to the FLOP-count ideal speed-up.
 
-    PYTHONPATH=. python experiments/bench_bd3lm.py            # small random model, ~1-2 min CPU
-    PYTHONPATH=. python experiments/bench_bd3lm.py --model runs/bd3/model --device cuda
+    python -m experiments.bench_bd3lm            # small random model, ~1-2 min CPU
+    python -m experiments.bench_bd3lm --model runs/bd3/model --device cuda
+
+Common flags (``--model --device --dtype --threads``) come from :mod:`experiments.cli`; CPU
+threads default to ``OMP_NUM_THREADS``, else 1 (OpenMP spin on shared CPUs).
 """
 
 from __future__ import annotations
@@ -23,16 +26,15 @@ import torch
 from bd3lm import BD3Objective, sample
 from bd3lm.loss import bd3_nelbo
 from bd3lm.masks import dense_bd3_mask, num_columns
-from dlm.stats import forward_flops
 from dlm.model import ModelConfig, Transformer
+from dlm.stats import forward_flops
+from experiments.cli import add_run_args, device_of, dtype_of, set_threads
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint dir (dlm.checkpoints); default: random model")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids OpenMP spin on shared CPUs)")
+    add_run_args(p, model=None, model_help="checkpoint dir (dlm.checkpoints; default: a random model)",
+                 dtype="float32", device="cpu", seed=False)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
@@ -48,7 +50,7 @@ def parse_args(argv=None):
 
 
 def build_model(args) -> Transformer:
-    dtype = getattr(torch, args.dtype)
+    dtype = dtype_of(args.dtype, torch.device(args.device))
     if args.model:
         from dlm.checkpoints import load_model
 
@@ -150,7 +152,8 @@ def bench_sampling(model, args) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args.device = str(device_of(args.device))
+    args.threads = set_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     model = build_model(args)
     c = model.config

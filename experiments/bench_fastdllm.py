@@ -6,9 +6,12 @@ token per step), ``+prefix``, ``+dual`` (top-k, one token per step), ``+threshol
 baseline, the FLOP-count ideal speed-up (``dlm.stats.forward_flops`` summed over the forwards)
 and their ratio, NFE and tokens per step.
 
-    PYTHONPATH=. python experiments/bench_fastdllm.py --preset tiny --threads 1
-    PYTHONPATH=. python experiments/bench_fastdllm.py --model ckpt/llada-8b --device cuda \
+    python -m experiments.bench_fastdllm --preset tiny --threads 1
+    python -m experiments.bench_fastdllm --model ckpt/llada-8b --device cuda \
         --dtype bfloat16 --gen-length 256 512
+
+Common flags (``--model --device --dtype --threads --seed``) come from :mod:`experiments.cli`;
+CPU threads default to ``OMP_NUM_THREADS``, else 1.
 
 A random model proposes tokens with near-uniform confidence, so ``--threshold`` rarely commits
 more than one token per step on it; raise ``--init-std`` for peakier random distributions.
@@ -24,19 +27,20 @@ import torch
 import fastdllm
 from dlm.model import ModelConfig, Transformer
 from dlm.sampling import generate as baseline_generate
+from experiments.cli import add_run_args, device_of, dtype_of, set_threads
 
 PRESETS = {  # random models: (vocab, d_model, layers, heads, kv heads, mlp hidden)
     "tiny": (512, 64, 2, 4, 2, 128),
     "small": (4096, 256, 4, 8, 4, 768),
     "base": (32000, 1024, 8, 16, 8, 2816),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Flags, with ``--device`` resolved (cuda if available, else cpu)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint for dlm.checkpoints.load_model")
+    add_run_args(p, model=None, model_help="checkpoint for dlm.checkpoints.load_model (default: a random model)",
+                 dtype="float32")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="random model size")
     p.add_argument("--init-std", type=float, default=0.02, help="random model init std")
     p.add_argument("--prompt-len", type=int, default=64)
@@ -44,12 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--backend", default="sdpa")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.device = str(device_of(args.device))
+    return args
 
 
 def build_model(args) -> Transformer:
@@ -64,7 +66,7 @@ def build_model(args) -> Transformer:
                           mask_token_id=vocab - 1, eos_token_id=vocab - 2)
         model = Transformer(cfg)
         model.reset_parameters(std=args.init_std, generator=torch.Generator().manual_seed(args.seed))
-    return model.to(device=args.device, dtype=DTYPES[args.dtype]).eval()
+    return model.to(device=args.device, dtype=dtype_of(args.dtype, torch.device(args.device))).eval()
 
 
 def random_prompts(model, args) -> torch.Tensor:
@@ -99,9 +101,8 @@ def run_one(model, ids, gen_length, args, kwargs):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    args.threads = set_threads(args.threads)
     torch.manual_seed(args.seed)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     model = build_model(args)
     ids = random_prompts(model, args)
     cfg = model.config

@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterable
 
-from dlm.tasks.evaluate import decode_until_stop, evaluate_problems  # noqa: F401  (decode_until_stop re-exported)
+from dlm.tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -191,30 +190,3 @@ def merge_logs(path: Path, sources: Iterable[Path], order_key: str = "index") ->
     records = sorted(seen.values(), key=lambda r: (r.get(order_key, 0), str(r["id"])))
     atomic_write_text(Path(path), "".join(json.dumps(r) + "\n" for r in records))
     return len(records)
-
-
-def check_log_resumable(log: JsonlLog, h: str, weights: str) -> None:
-    """Samples already in ``log`` must come from this config and these weights (older records carry
-    no weights and pass on the config hash alone)."""
-    hashes = {r.get("config_hash") for r in log.records} - {h}
-    other = {r["model_weights"] for r in log.records if r.get("model_weights")} - {weights}
-    if hashes or other:
-        raise ValueError(f"--out: {log.path} holds samples of config {sorted(map(str, hashes))} / weights "
-                         f"{sorted(other)}, this run is config {h}, weights {weights}: delete it or use another --out")
-
-
-def evaluate_resumable(log: JsonlLog, problems, model, tokenizer, sampler, *, cfg_hash: str, weights: str,
-                       seed: int, tags: dict, batch_size: int, shots=(), label: str = "", **sampler_kwargs) -> None:
-    """Evaluate the ``problems`` not yet in ``log`` (``dlm.tasks.evaluate.evaluate_problems``),
-    appending each batch's records with ``tags``, the config hash, seed and weights fingerprint.
-    Samples already there must come from this config and weights (:func:`check_log_resumable`)."""
-    check_log_resumable(log, cfg_hash, weights)
-    todo = [p for p in problems if p.id not in log.done]
-    t0 = time.time()
-    for lo in range(0, len(todo), batch_size):
-        r = evaluate_problems(model, tokenizer, todo[lo:lo + batch_size], sampler, batch_size=batch_size,
-                              shots=shots, **sampler_kwargs)
-        log.append({**rec, **tags, "config_hash": cfg_hash, "seed": seed, "model_weights": weights}
-                   for rec in r["records"])
-        acc = sum(x["correct"] for x in log.records) / len(log.records)
-        print(f"{label}: {len(log.records)}/{len(problems)} acc={acc:.3f} ({time.time() - t0:.0f}s)", flush=True)

@@ -40,6 +40,7 @@ from typing import Optional
 import numpy as np
 
 from dlm.stats import forward_flops
+from experiments.cli import markdown_table
 
 #: LLaDA-8B (Nie et al. 2025, Tab. 5): the default model of the table.
 LLADA_8B = dict(vocab_size=126464, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
@@ -214,12 +215,10 @@ def cost_table(model: CostModel, prompt: int, gen: int, block: int, steps: int,
 
 def markdown(rows: list[CostRow], prompt: int, gen: int) -> str:
     ar = next(r for r in rows if r.strategy == "ar")
-    lines = [f"prompt {prompt} + answer {gen} tokens", "",
-             "| strategy | decoding | steps | passes | positions | FLOPs | positions / AR | FLOPs / AR |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {LABELS[r.strategy]} | {r.decoding} | {r.steps:,} | {r.passes:,} | {r.positions:,} "
-                     f"| {r.flops:.3e} | {r.positions / ar.positions:.1f}x | {r.flops / ar.flops:.1f}x |")
+    header = ("strategy", "decoding", "steps", "passes", "positions", "FLOPs", "positions / AR", "FLOPs / AR")
+    cells = [(LABELS[r.strategy], r.decoding, f"{r.steps:,}", f"{r.passes:,}", f"{r.positions:,}", f"{r.flops:.3e}",
+              f"{r.positions / ar.positions:.1f}x", f"{r.flops / ar.flops:.1f}x") for r in rows]
+    lines = [f"prompt {prompt} + answer {gen} tokens", "", *markdown_table(header, cells, "llrrrrrr")]
     return "\n".join(lines) + "\n"
 
 

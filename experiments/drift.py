@@ -240,7 +240,7 @@ def tiny_random_model(n_layers: int = 4, seed: int = 0):
 def prompts_for(model, tok, n: int, length: int, seed: int) -> list[Tensor]:
     """Arithmetic questions through the tokenizer, else random non-special ids; (1, P) each."""
     if tok is not None:
-        from dlm.generate import encode
+        from experiments.generate import encode
         from dlm.tasks.arith import generate_problems
 
         return [encode(model, tok, p.question)[1] for p in generate_problems(n=n, split="test", seed=seed)]

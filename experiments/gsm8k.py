@@ -14,7 +14,7 @@ examples come from the arith train split, the Hub train split, or ``train.jsonl`
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
 user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``.
 
-Strategies (--strategies, names or grids from experiments/strategies.py): grid ``table1`` =
+Strategies (--strategies, names or grids from experiments/strategy.py): grid ``table1`` =
 baseline_full baseline_semiar fastdllm_prefix fastdllm_dual fastdllm_threshold fastdllm_factor
 fastdllm_prefix_threshold fastdllm_dual_threshold bd3lm; grid ``factorial`` = the 24 ``abl_*``
 cells of cache x parallel x stop_at_eos x block size. ``bd3lm`` runs its block-causal model from
@@ -38,7 +38,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -46,19 +46,15 @@ import torch
 from tqdm import tqdm
 
 from dlm import distributed
-from dlm.sampling import eos_ids
-from dlm.tasks import (Problem, extract_flexible, extract_strict, fewshot_examples,
-                       generate_problems, is_correct, load_gsm8k, sample_shots)
-from dlm.tasks.evaluate import left_pad
-from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, decode_until_stop,
-                                encode_question, git_sha, merge_logs, rank_log_path, rank_log_paths,
-                                read_jsonl, repo_relative)
-from experiments.strategies import GRIDS, STRATEGIES, SamplerCall, Settings, Strategy, build_call, resolve
+from dlm.tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
+from experiments.cli import DTYPES, device_of, dtype_of, set_threads
+from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
+                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
+from experiments.evaluate import check_resumable, evaluate, existing_records
+from experiments.strategy import GRIDS, STRATEGY_NAMES, Strategy, resolve
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_ARITH_N = 500
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,6 @@ class HarnessConfig:
     chat_template: bool
     out: Path
     strategies: tuple[Strategy, ...]
-    settings: Settings
     baseline: str
     bd3_model: Optional[str]
     device: str
@@ -114,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the plain 'Question: ...\\nAnswer:' prompt even if the tokenizer has a chat template")
     p.add_argument("--strategies", nargs="+", default=["table1"],
                    help=f"strategy names or grids {sorted(GRIDS)} (default: table1); known strategies: "
-                        + " ".join(STRATEGIES))
+                        + " ".join(STRATEGY_NAMES))
     p.add_argument("--baseline", default="baseline_semiar",
                    help="row the report's speed-up is relative to (default baseline_semiar)")
     p.add_argument("--gen-length", type=int, default=256, help="generated columns (default 256)")
@@ -128,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default: cuda[:LOCAL_RANK] if available, else cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="parameter dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else 1)")
     return p
 
 
@@ -151,20 +147,19 @@ def parse_config(argv=None) -> HarnessConfig:
         raise ValueError(f"--data must be 'arith', 'gsm8k' or an existing jsonl file, got {a.data!r}")
     if a.bd3_model is not None and not Path(a.bd3_model).is_dir():
         raise ValueError(f"--bd3-model {a.bd3_model!r} is not a checkpoint directory")
-    try:
-        strategies = tuple(resolve(a.strategies))
-    except ValueError as e:
-        raise ValueError(f"--{e}") from None
-    if a.baseline not in STRATEGIES:
+    numbers = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, threshold=a.threshold,
+                   factor=a.factor, temperature=a.temperature)
+    try:  # every strategy is validated here, before any model is loaded
+        strategies = tuple(resolve(a.strategies, **numbers))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--strategies / --gen-length / --block-length / --steps / --threshold / --factor / "
+                         f"--temperature: {e}") from None
+    if a.baseline not in STRATEGY_NAMES:
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
-    settings = Settings(a.gen_length, a.block_length, a.steps, a.threshold, a.factor, a.temperature)
-    for s in strategies:
-        if s.kind != "bd3lm":
-            build_call(s, settings)  # layout errors before any model is loaded
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(a.out) if a.out else REPO / "results" / f"gsm8k_{_data_tag(a.data)}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
-                         not a.no_chat_template, out, strategies, settings, a.baseline, a.bd3_model,
+                         not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
                          device, a.dtype, a.threads)
 
 
@@ -203,14 +198,13 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
     from dlm.checkpoints import load_model, weights_fingerprint
 
     main = bd3 = None
-    auto = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = auto if cfg.dtype == "auto" else DTYPES[cfg.dtype]
-    if any(s.kind != "bd3lm" for s in strategies):
+    dtype = dtype_of(cfg.dtype, device)
+    if any(not is_bd3(s) for s in strategies):
         model, tok = load_model(cfg.model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
         main = Loaded(model, tok, repo_relative(cfg.model), weights=weights_fingerprint(cfg.model))
-    if any(s.kind == "bd3lm" for s in strategies):
+    if any(is_bd3(s) for s in strategies):
         from bd3lm import BD3LM
 
         wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
@@ -222,130 +216,65 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
 
 
 # --------------------------------------------------------------------------------------- jobs
+def is_bd3(s: Strategy) -> bool:
+    """Whether ``s`` decodes a block-diffusion (BD3-LM) model."""
+    return s.cache in ("exact", "block_causal")
+
+
 @dataclass(frozen=True)
 class Job:
     """Everything one strategy needs, validated before any compute."""
 
-    strategy: Strategy
+    strategy: Strategy  # bound to the model (BD3-LM: its block size and alignment)
     loaded: Loaded
-    call: SamplerCall
     config: dict
     config_hash: str
-    prompts: tuple  # per problem: tuple of token ids
 
 
 def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, shots) -> Job:
-    call = build_call(strategy, cfg.settings, loaded.bd3)
-    tok = loaded.tokenizer
-    chat = cfg.chat_template and bool(getattr(tok, "chat_template", None))
-    prompts = tuple(tuple(encode_question(tok, p.question, shots, chat)) for p in problems)
-    longest = max(len(x) for x in prompts)
+    if loaded.bd3 is not None:
+        try:
+            strategy = strategy.for_bd3(loaded.bd3.block_size, loaded.bd3.align)
+        except ValueError as e:
+            raise ValueError(f"strategy {strategy.name} on --bd3-model {cfg.bd3_model}: {e}") from None
+    chat = cfg.chat_template and bool(getattr(loaded.tokenizer, "chat_template", None))
+    longest = max(len(encode_question(loaded.tokenizer, p.question, shots, chat)) for p in problems)
     limit = loaded.model.config.max_seq_len
-    if longest + cfg.settings.gen_length > limit:
-        raise ValueError(f"--num-fewshot {cfg.num_fewshot} / --gen-length {cfg.settings.gen_length}: the "
+    if longest + strategy.gen_length > limit:
+        raise ValueError(f"--num-fewshot {cfg.num_fewshot} / --gen-length {strategy.gen_length}: the "
                          f"longest prompt ({longest} tokens) + gen length exceeds max_seq_len={limit} "
                          f"of {loaded.source}")
-    config = {"strategy": asdict(strategy), "settings": asdict(cfg.settings),
-              "sampler": f"{call.fn.__module__}.{call.fn.__name__}", "sampler_kwargs": call.kwargs,
-              "model": str(loaded.source), "data": cfg.data, "num_fewshot": cfg.num_fewshot,
-              "chat_template": chat, "seed": cfg.seed, "dtype": cfg.dtype}
-    return Job(strategy, loaded, call, config, config_hash(config), prompts)
+    config = {"strategy": strategy.as_dict(), "model": str(loaded.source), "data": cfg.data,
+              "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed, "dtype": cfg.dtype}
+    return Job(strategy, loaded, config, config_hash(config))
 
 
-def existing_records(path: Path) -> dict[str, dict]:
-    """id -> record over ``path`` and its per-rank logs."""
-    out: dict[str, dict] = {}
-    for src in [path, *rank_log_paths(path)]:
-        for r in read_jsonl(src):
-            out.setdefault(r["id"], r)
-    return out
-
-
-def check_resumable(job: Job, path: Path) -> dict[str, dict]:
-    done = existing_records(path)
-    other = {r.get("config_hash") for r in done.values()} - {job.config_hash}
-    if other:
-        raise ValueError(f"--out: {path} holds {job.strategy.name} results with config hash(es) "
-                         f"{sorted(map(str, other))}, this run's is {job.config_hash}; use another --out")
-    # the config names the model by path; a retrained checkpoint at the same path must not be
-    # resumed into old samples (records from before weights were recorded carry none)
-    weights = {r["model_weights"] for r in done.values() if r.get("model_weights")} - {job.loaded.weights}
-    if weights and job.loaded.weights is not None:
-        raise ValueError(f"--out: {path} holds {job.strategy.name} samples of other weights {sorted(weights)} "
-                         f"at {job.loaded.source} (now {job.loaded.weights}): the checkpoint changed; "
-                         f"delete that file or use another --out")
-    return done
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _records(job: Job, problems, idx: list[int], out, mask, seconds: float, done: dict, cfg, sha: str,
-             factors: dict) -> list[dict]:
-    """Per-sample records of one sampler call over the rows ``idx`` (ids already done skipped)."""
-    tok, stop = job.loaded.tokenizer, eos_ids(job.loaded.model)
-    P, st = mask.shape[1], out.stats
-    first_eos = st.first_eos_step if st.first_eos_step is not None else torch.full((len(idx),), -1)
-    records = []
-    for row, i in enumerate(idx):
-        p = problems[i]
-        if p.id in done:
-            continue
-        text = decode_until_stop(tok, out.sequences[row, P:].tolist(), stop)
-        records.append({
-            "id": p.id, "index": i, "strategy": job.strategy.name, "config_hash": job.config_hash,
-            "seed": cfg.seed, "prompt_length": int(mask[row].sum()), "output": text,
-            "extracted": extract_strict(text), "extracted_flexible": extract_flexible(text),
-            "target": p.target_str, "correct": bool(is_correct(text, p.target)),
-            "correct_flexible": bool(is_correct(text, p.target, mode="flexible")),
-            "nfe": st.nfe, "positions_computed": st.positions_computed,
-            "tokens_until_eos": int(st.tokens_until_eos[row]), "tokens_committed": st.tokens_committed,
-            "steps": st.steps, "first_eos_step": int(first_eos[row]), "seconds": seconds,
-            "batch_rows": len(idx), "factors": factors, "git_sha": sha, "model_weights": job.loaded.weights})
-    return records
-
-
-def run_job(job: Job, problems, cfg: HarnessConfig, info, clock: Callable[[], float], sha: str) -> None:
+def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable[[], float]) -> None:
     """Run one strategy over this rank's share of ``problems``, appending to its JSONL log."""
     name = job.strategy.name
     path = cfg.out / f"{name}.jsonl"
-    done = check_resumable(job, path)
+    done = existing_records(path)
     log = JsonlLog(rank_log_path(path, info.rank) if info.enabled else path)
     mine = [i for i in range(len(problems)) if i % info.world_size == info.rank]
-    model, tok = job.loaded.model, job.loaded.tokenizer
-    device = next(model.parameters()).device
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    bd3 = job.loaded.bd3
-    factors = job.strategy.factors(cfg.settings, None if bd3 is None else bd3.block_size)
     old = [done[problems[i].id] for i in mine if problems[i].id in done]
     tally = {"n": len(old), "correct": sum(r["correct"] for r in old),
              "tokens": sum(r["tokens_until_eos"] for r in old), "seconds": sum(r["seconds"] for r in old)}
     bar = tqdm(total=len(mine), initial=len(old), desc=name, disable=not info.is_main, dynamic_ncols=True)
-    for lo in range(0, len(mine), cfg.batch_size):
-        idx = mine[lo:lo + cfg.batch_size]
-        if all(problems[i].id in done or problems[i].id in log.done for i in idx):
-            continue  # whole batch recorded (a partly recorded batch is rerun as the same batch)
-        ids, mask = left_pad([list(job.prompts[i]) for i in idx], pad)  # (b, P) each
-        ids, mask = ids.to(device), mask.to(device)
-        gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + idx[0])
-        _sync(device)
-        t0 = clock()
-        out = job.call(model, ids, mask, gen)  # sequences (b, P + G)
-        _sync(device)
-        seconds = (clock() - t0) / len(idx)
-        fresh = [r for r in _records(job, problems, idx, out, mask, seconds, done, cfg, sha, factors)
-                 if r["id"] not in log.done]
-        log.append(fresh)
-        for r in fresh:
+
+    def progress(t: dict) -> None:
+        for r in t["records"][-t["new"]:] if t["new"] else ():
             tally["n"] += 1
             tally["correct"] += r["correct"]
             tally["tokens"] += r["tokens_until_eos"]
             tally["seconds"] += r["seconds"]
-        bar.update(len(fresh))
+        bar.update(t["new"])
         bar.set_postfix(acc=f"{tally['correct'] / max(tally['n'], 1):.3f}",
                         tok_s=f"{tally['tokens'] / max(tally['seconds'], 1e-9):.1f}")
+
+    evaluate(job.loaded.model, job.loaded.tokenizer, problems, job.strategy, log, shots=shots,
+             chat_template=job.config["chat_template"], batch_size=cfg.batch_size, seed=cfg.seed,
+             config_hash=job.config_hash, weights=job.loaded.weights, indices=mine, done=done, clock=clock,
+             progress=progress)
     bar.close()
     distributed.barrier(info)
     if info.is_main and (info.enabled or rank_log_paths(path)):
@@ -369,27 +298,26 @@ def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> l
     ``clock`` times the sampler calls (tests pass a fake clock for reproducible tables)."""
     info = distributed.init()
     try:
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        device = torch.device(cfg.device)
+        set_threads(cfg.threads)
+        device = device_of(cfg.device)
         if info.enabled and device.type == "cuda":
             device = torch.device("cuda", info.local_rank)
         problems, shots = load_problems(cfg), load_shots(cfg)
         strategies = list(cfg.strategies)
-        if cfg.bd3_model is None and any(s.kind == "bd3lm" for s in strategies):
+        if cfg.bd3_model is None and any(is_bd3(s) for s in strategies):
             if info.is_main:
                 print("bd3lm: skipped (no --bd3-model given)", file=sys.stderr)
-            strategies = [s for s in strategies if s.kind != "bd3lm"]
+            strategies = [s for s in strategies if not is_bd3(s)]
         main_model, bd3_model = load_models(cfg, strategies, device)
-        jobs = [make_job(s, bd3_model if s.kind == "bd3lm" else main_model, cfg, problems, shots)
-                for s in strategies]
-        for j in jobs:
-            check_resumable(j, cfg.out / f"{j.strategy.name}.jsonl")
+        jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
+        for j in jobs:  # every file is checked before any compute
+            path = cfg.out / f"{j.strategy.name}.jsonl"
+            check_resumable(existing_records(path), path, j.config_hash, j.loaded.weights)
         sha = git_sha()
         if info.is_main:
             write_config(cfg, jobs, sha)
         for j in jobs:
-            run_job(j, problems, cfg, info, clock, sha)
+            run_job(j, problems, shots, cfg, info, clock)
         distributed.barrier(info)
         if info.is_main and jobs:
             from experiments.report import build_report

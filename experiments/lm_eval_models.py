@@ -9,9 +9,11 @@ This module registers both models and then runs lm-eval's own CLI (``lm_eval`` i
 plugin discovery, so the classes must be imported first; every lm-eval flag works as usual).
 In Python: ``import experiments.lm_eval_models`` and ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
 
-generate_until: the prompts of a batch are left padded and decoded by the chosen strategy
-(:mod:`experiments.strategies`: ``strategy=NAME`` from the grid, or ``cache`` / ``threshold`` /
-``factor`` for a custom fastdllm call); the text is cut at the first EOS / EoT and then at the
+generate_until: the prompts of a batch are left padded and decoded by one
+:class:`experiments.strategy.Strategy` (``fastdllm``: ``strategy=NAME`` from the grids
+``table1`` / ``factorial``, or ``cache`` / ``threshold`` / ``factor`` / ``stop_at_eos`` for a
+custom one; ``bd3lm``: the exact block-causal cache with the model's block size,
+:meth:`Strategy.for_bd3`); the text is cut at the first EOS / EoT and then at the
 first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
 request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).
 Prompts longer than ``max_seq_len - gen_length`` keep their last tokens.
@@ -41,11 +43,9 @@ from tqdm import tqdm
 from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-exported)
 from dlm.sampling import eos_ids
 from dlm.tasks.evaluate import left_pad
+from experiments.cli import dtype_of
 from experiments.common import apply_stop_strings, decode_until_stop
-from experiments.strategies import STRATEGIES, Settings, Strategy, build_call
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
+from experiments.strategy import BLOCK_MODELS, STRATEGY_NAMES, Strategy, resolve
 
 
 def _positive(name: str, value) -> int:
@@ -82,9 +82,10 @@ def bd3_loglikelihood(model, block_size: int, prefix: Tensor, target: Tensor, mc
 
 class DiffusionEvalLM(LM):
     """Shared lm-eval plumbing. Subclasses set ``model``, ``tokenizer``, ``bd3`` before calling
-    ``__init__`` and implement ``score(prefix, target) -> float`` and ``greedy(prefix, target)``."""
+    ``__init__`` and implement ``score(prefix, target) -> float`` and ``greedy(prefix, target)``.
+    ``call(model, input_ids, attention_mask, generator)`` decodes a batch (``strategy.run``)."""
 
-    def __init__(self, strategy: Strategy, settings: Settings, batch_size=1, mc_num: int = 128,
+    def __init__(self, strategy: Strategy, batch_size=1, mc_num: int = 128,
                  mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 0) -> None:
         super().__init__()
         self.batch_size = _positive("batch_size", batch_size)
@@ -93,10 +94,12 @@ class DiffusionEvalLM(LM):
             raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={mc_batch_size}")
         if not isinstance(check_greedy, bool):
             raise ValueError(f"check_greedy must be true/false, got {check_greedy!r}")
-        self.strategy, self.settings, self.check_greedy, self.seed = strategy, settings, check_greedy, int(seed)
-        self.call = build_call(strategy, settings, self.bd3)  # validates before any compute
-        if settings.gen_length >= self.max_length:
-            raise ValueError(f"gen_length={settings.gen_length} leaves no room for a prompt in "
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
+        self.strategy, self.check_greedy, self.seed = strategy, check_greedy, int(seed)
+        self.call = strategy.run  # validated when the strategy was built, before any compute
+        if strategy.gen_length >= self.max_length:
+            raise ValueError(f"gen_length={strategy.gen_length} leaves no room for a prompt in "
                              f"max_seq_len={self.max_length}")
         self._device = next(self.model.parameters()).device
 
@@ -141,7 +144,7 @@ class DiffusionEvalLM(LM):
     # ---------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out: list[str] = []
-        G = self.settings.gen_length
+        G = self.strategy.gen_length
         keep = self.max_length - G
         tok, stop = self.tokenizer, eos_ids(self.model)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -192,19 +195,45 @@ class DiffusionEvalLM(LM):
 
 
 def _load(pretrained, dtype, device):
+    """(torch device, torch dtype) of the model args (``dtype``: ``auto`` or a
+    :data:`dlm.checkpoints.DTYPES` name, :func:`experiments.cli.dtype_of`)."""
     if not pretrained:
         raise ValueError("pretrained=PATH (checkpoint directory or hub id) is required")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():  # lm-eval's CLI defaults to cuda:0
         warnings.warn(f"device={device!r} requested but CUDA is not available; using the CPU")
         dev = torch.device("cpu")
-    if dtype == "auto":
-        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    elif dtype in DTYPES:
-        dt = DTYPES[dtype]
-    else:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-    return dev, dt
+    return dev, dtype_of(dtype, dev)
+
+
+def _optional_int(value) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def fastdllm_strategy(strategy: Optional[str], cache: Optional[str], threshold: Optional[float],
+                      factor: Optional[float], gen_length, block_length, steps, temperature,
+                      stop_at_eos: bool) -> Strategy:
+    """The :class:`Strategy` of the ``fastdllm`` model args: a named baseline / Fast-dLLM
+    strategy of the grids (built from the numbers), or a custom cache + rule."""
+    if threshold is not None and factor is not None:
+        raise ValueError("give at most one of threshold and factor")
+    numbers = dict(gen_length=int(gen_length), block_length=int(block_length), steps=_optional_int(steps),
+                   temperature=float(temperature))
+    if strategy is not None:
+        if strategy not in STRATEGY_NAMES:
+            raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategy, got {strategy!r}")
+        if cache is not None or threshold is not None or factor is not None or stop_at_eos:
+            raise ValueError("strategy=NAME fixes cache / rule / stop_at_eos; do not also pass them")
+        (named,) = resolve([strategy], threshold=0.9, factor=1.0, **numbers)
+        if named.cache in BLOCK_MODELS:
+            raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategy, got {strategy!r}")
+        return named
+    if cache in BLOCK_MODELS:
+        raise ValueError(f"cache={cache!r} needs a BD3-LM model: use the bd3lm model of lm-eval")
+    rule = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
+    name = f"fastdllm_{cache or 'nocache'}_{rule}"
+    return Strategy(name, cache or "none", rule, threshold=threshold, factor=factor, stop_at_eos=bool(stop_at_eos),
+                    **numbers)
 
 
 @register_model("fastdllm")
@@ -217,22 +246,8 @@ class FastDLLMEvalLM(DiffusionEvalLM):
                  stop_at_eos: bool = False, mc_num: int = 128, mc_batch_size: int = 32,
                  check_greedy: bool = True, batch_size=1, max_batch_size=None, device: Optional[str] = None,
                  dtype: str = "auto", seed: int = 0) -> None:
-        if threshold is not None and factor is not None:
-            raise ValueError("give at most one of threshold and factor")
-        if strategy is not None:
-            if strategy not in STRATEGIES or STRATEGIES[strategy].kind == "bd3lm":
-                raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategies, "
-                                 f"got {strategy!r}")
-            if cache is not None or threshold is not None or factor is not None or stop_at_eos:
-                raise ValueError("strategy=NAME fixes cache / rule / stop_at_eos; do not also pass them")
-            strat = STRATEGIES[strategy]
-        else:
-            rule = "threshold" if threshold is not None else "factor" if factor is not None else None
-            strat = Strategy(f"fastdllm_{cache or 'nocache'}_{rule or 'topk'}", "fastdllm", cache=cache,
-                             parallel=rule, stop_at_eos=bool(stop_at_eos))
-        settings = Settings(int(gen_length), int(block_length), None if steps is None else int(steps),
-                            0.9 if threshold is None else threshold, 1.0 if factor is None else factor,
-                            temperature)
+        strat = fastdllm_strategy(strategy, cache, threshold, factor, gen_length, block_length, steps,
+                                  temperature, stop_at_eos)  # validates before loading
         from dlm.checkpoints import load_model
 
         dev, dt = _load(pretrained, dtype, device)
@@ -240,7 +255,7 @@ class FastDLLMEvalLM(DiffusionEvalLM):
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.bd3 = None
-        super().__init__(strat, settings, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed)
 
     def score(self, prefix: Tensor, target: Tensor) -> float:
         g = torch.Generator().manual_seed(self.seed)  # mc_loglikelihood draws on the CPU
@@ -256,7 +271,9 @@ class FastDLLMEvalLM(DiffusionEvalLM):
 
 @register_model("bd3lm")
 class BD3LMEvalLM(DiffusionEvalLM):
-    """Block-causal BD3-LM (``bd3lm.BD3LM.load``) decoded with its exact-cache sampler."""
+    """Block-causal BD3-LM (``bd3lm.BD3LM.load``) decoded with the exact block-causal cache
+    (``Strategy(cache="exact")`` with the model's block size and alignment, top-k inside a block,
+    SUBS proposals as :func:`bd3lm.sample`)."""
 
     def __init__(self, pretrained: str = "", gen_length: int = 256, steps: Optional[int] = None,
                  temperature: float = 0.0, stop_at_eos: bool = True, mc_num: int = 128,
@@ -269,10 +286,11 @@ class BD3LMEvalLM(DiffusionEvalLM):
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.model, self.bd3 = wrapper.model.eval(), wrapper.bd3_config
-        strat = Strategy("bd3lm", "bd3lm", stop_at_eos=bool(stop_at_eos))
-        settings = Settings(int(gen_length), self.bd3.block_size, None if steps is None else int(steps),
-                            temperature=temperature)
-        super().__init__(strat, settings, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+        G = int(gen_length)  # one block of G until for_bd3 sets the model's block size
+        strat = Strategy("bd3lm", "exact", "topk", G, block_length=G, steps=_optional_int(steps),
+                         temperature=float(temperature), top_p=1.0, stop_at_eos=bool(stop_at_eos))
+        strat = strat.for_bd3(self.bd3.block_size, self.bd3.align)
+        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed)
 
     def score(self, prefix: Tensor, target: Tensor) -> float:
         g = torch.Generator(device=self._device).manual_seed(self.seed)  # bd3_nelbo draws on the model's device

@@ -21,7 +21,8 @@ import torch
 from bd3lm import BD3LM, BD3Objective, ClipSchedule, save_bd3
 from bd3lm.data import batch_fn, build_dataset, iterate_batches
 from bd3lm.loss import bd3_nelbo
-from bd3lm.schedules import UNCLIPPED, draw_noise, search_clipping
+from bd3lm.clipping import search_clipping
+from bd3lm.schedules import UNCLIPPED, draw_noise
 from dlm import distributed
 from dlm.likelihood import mc_perplexity
 from dlm.model import ModelConfig, Transformer

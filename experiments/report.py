@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from experiments.common import atomic_write_text, git_sha, read_jsonl
-from experiments.strategies import STRATEGIES
+from experiments.strategy import STRATEGY_NAMES
 
 FACTORS = ("cache", "parallel", "stop_at_eos", "block_length")
 
@@ -110,7 +110,7 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
         records = read_jsonl(path)
         if records:
             runs[path.stem] = sorted(records, key=lambda r: (r.get("index", 0), str(r["id"])))
-    order = list(STRATEGIES)
+    order = list(STRATEGY_NAMES)
     return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 

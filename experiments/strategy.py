@@ -137,11 +137,11 @@ class Strategy:
             backend: str = "sdpa") -> GenerateOutput:
         """Decode after the left-padded prompts ``input_ids`` (B, P) with the one loop."""
         G, L = self.gen_length, self.block
+        batch = prepare_batch(model, input_ids, attention_mask, G, None)  # validates before any compute
         if self.cache in BLOCK_MODELS:
-            blocks = block_layout(self.align, input_ids.shape[1], G, L, attention_mask)
+            blocks = block_layout(self.align, batch.prompt_len, G, L, attention_mask)
         else:
-            blocks = blocks_after(input_ids.shape[1], G, L)
-        batch = prepare_batch(model, input_ids, attention_mask, G, None)
+            blocks = blocks_after(batch.prompt_len, G, L)
         return denoise(model, batch, blocks, self.policy(), self.commit_rule(), self.proposal(),
                        stop_at_eos=self.stop_at_eos, generator=generator, backend=backend, callback=callback)
 

@@ -30,13 +30,14 @@ from pathlib import Path
 import torch
 
 from dlm.checkpoints import load_model, load_tokenizer, weights_fingerprint
-from dlm.sampling import generate
 from dlm.tasks import (extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key,
                        reasoning_lines)
 from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import encode_answer
-from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, evaluate_resumable,
-                                git_sha, repo_relative)
+from experiments.cli import set_threads
+from experiments.common import JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha, repo_relative
+from experiments.evaluate import evaluate
+from experiments.strategy import Strategy
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 CONFIGS = {
@@ -58,6 +59,11 @@ def sampler_kwargs(name: str, gen_length: int) -> dict:
     return dict(gen_length=gen_length, block_length=c["block"] or gen_length, steps=gen_length // c["div"])
 
 
+def strategy(name: str, gen_length: int) -> Strategy:
+    """The config ``name`` as a strategy: LLaDA's baseline (no cache, top-k, greedy)."""
+    return Strategy(name, "none", "topk", **sampler_kwargs(name, gen_length))
+
+
 def held_out_problems(args) -> list:
     """The first ``args.n`` held-out problems of the model's task; with ``args.unique`` no two share
     a canonical key (raises ``ValueError`` when the test split has fewer than n keys)."""
@@ -65,7 +71,7 @@ def held_out_problems(args) -> list:
 
 
 def run(args) -> None:
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     model, tok = load_model(args.model, dtype=torch.float32)
     weights = weights_fingerprint(args.model)
     arith = arith_config_of(args.model)
@@ -78,9 +84,11 @@ def run(args) -> None:
             log = JsonlLog(out / f"{name}_k{k}.jsonl")
             h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed,
                              **({"unique": True} if args.unique else {})})
-            evaluate_resumable(log, problems, model, tok, generate, cfg_hash=h, weights=weights, seed=args.seed,
-                               tags={"strategy": name, "shots": k}, batch_size=args.batch_size, shots=shots,
-                               label=f"{name} k={k}", **kw)
+            evaluate(model, tok, problems, strategy(name, args.gen_length), log, shots=shots,
+                     batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights, tags={"shots": k},
+                     progress=lambda t, name=name, k=k, log=log: print(
+                         f"{name} k={k}: {len(log.records)}/{len(problems)} "
+                         f"acc={sum(x['correct'] for x in log.records) / len(log.records):.3f}", flush=True))
     report(args)
 
 

@@ -1,10 +1,12 @@
 """Denoising trace of one prompt: which step committed each answer position.
 
     python -m experiments.trace [--model DIR] [--strategy baseline|fastdllm|bd3lm] [--cache dual]
-        [--threshold 0.9] [--gen-length 64 --block-length 16 --steps 64] [--out PNG]
+        [--rule threshold --threshold 0.9] [--gen-length 64 --block-length 16 --steps 64] [--out PNG]
         [--replay [--delay 0.1]]
 
-Writes a positions x steps heatmap (``--out``, default ``results/trace_<strategy>.png``): cell
+The sampler flags are those of ``python -m experiments.generate`` (one
+:class:`experiments.strategy.Strategy`: a cache policy and a commit rule, or a preset).
+Writes a positions x steps heatmap (``--out``, default ``results/trace_<label>.png``): cell
 (step s, position j) is coloured by the step that committed j once ``s >= commit_step[j]`` and
 left blank while j is still [MASK]; each token is annotated (decoded with the model's tokenizer,
 else its id) at the step that committed it; dashed lines mark block boundaries. ``--replay``
@@ -16,16 +18,15 @@ random model (seconds on a CPU).
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dlm.generate import add_strategy_args, encode, load, parse_strategy, run_strategy
 from dlm.trace import replay_lines, step_states, token_labels
 from experiments.common import atomic_write_text
+from experiments.generate import encode, parser, setup
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,27 +62,22 @@ def plot_trace(commit_step: np.ndarray, labels: list[str], block_length: int, pr
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint dir (default: embedded model or tiny random)")
-    p.add_argument("--prompt", default="Ann has 12 apples. She buys 7 more. How many apples does Ann have?")
-    add_strategy_args(p)
-    p.add_argument("--out", default=None, help="PNG path (default results/trace_<strategy>.png)")
+    p = parser(__doc__)
+    p.add_argument("--out", default=None, help="PNG path (default results/trace_<label>.png)")
     p.add_argument("--replay", action="store_true", help="print the answer after every step")
     p.add_argument("--replay-out", default=None, help="also write the replay (one line per step) to this file")
     p.add_argument("--delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     if args.delay < 0:
         p.error(f"--delay must be >= 0, got {args.delay}")
-    strategy = parse_strategy(p, args)
+    run = setup(p, args)
+    model, tok, strategy = run.model, run.tokenizer, run.strategy
 
-    model, tok = load(args.model, args.dtype, args.device)
     _, ids = encode(model, tok, args.prompt)
-    ids = ids.to(args.device)
-    out = run_strategy(model, ids, strategy, torch.Generator(args.device).manual_seed(args.seed))
+    ids = ids.to(run.device)
+    out = strategy.run(model, ids, generator=torch.Generator(run.device).manual_seed(args.seed))
     P = ids.shape[1]
-    answer, cs = out.sequences[0, P:].cpu(), out.commit_step[0].cpu()
+    answer, cs = out.sequences[0, P:].cpu(), out.commit_step[0].cpu()  # (G,), (G,)
     mid = model.config.mask_token_id
     lines = replay_lines(step_states(answer, cs, mid), mid, tok) if args.replay or args.replay_out else []
     if args.replay:
@@ -91,13 +87,12 @@ def main(argv=None) -> dict:
                 time.sleep(args.delay)
     if args.replay_out:
         atomic_write_text(Path(args.replay_out), f"# {args.prompt}\n" + "".join(f"{x}\n" for x in lines))
-    path = Path(args.out) if args.out else REPO / "results" / f"trace_{strategy.label}.png"
-    title = (f"{strategy.label}: G={strategy.gen_length}, block {strategy.block_length}, "
+    path = Path(args.out) if args.out else REPO / "results" / f"trace_{run.label}.png"
+    title = (f"{run.label}: G={strategy.gen_length}, block {strategy.block}, "
              f"{out.stats.steps} steps, {out.stats.nfe} forwards")
-    plot_trace(cs.numpy(), token_labels(answer.tolist(), tok), strategy.block_length, P, title, path)
+    plot_trace(cs.numpy(), token_labels(answer.tolist(), tok), strategy.block, P, title, path)
     print(f"[wrote {path}]")
     return {"path": path, "output": out, "prompt_len": P}
-
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,8 @@ are padded only to a few blocks past the answer. Few-shot batches draw one shot 
 (``SFTDataConfig.shots_per_batch``): the layout starts every row's response after the shortest
 prompt of the batch, so mixing 1-shot and 8-shot rows would train on hundreds of EOS columns.
 Evaluation (64 held-out problems) reports zero-shot and 4-shot accuracy; the command line is
-recorded in the checkpoint's ``config.json`` (``extra.args``).
+recorded in the checkpoint's ``config.json`` (``extra.args``). Torch CPU threads:
+``OMP_NUM_THREADS`` if set, else 1 (:func:`experiments.cli.set_threads`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from pathlib import Path
 
 import torch
 
-from bd3lm import BD3LM, ClipSchedule, sample
+from bd3lm import BD3LM, ClipSchedule
 from dlm.checkpoints import load_model
 from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.evaluate import evaluate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, train
+from experiments.cli import set_threads
+from experiments.evaluate import score
+from experiments.strategy import Strategy
 from experiments.common import arith_config_of
 
 DEFAULT_INIT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -60,6 +63,7 @@ def main(argv=None) -> None:
     # bf16 autocast is ~10x slower than fp32 on CPUs without AVX512-BF16/AMX; use it on GPUs
     p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"])
     args = p.parse_args(argv)
+    set_threads(None)
     if args.response_length % args.block_size:
         raise ValueError(f"--response-length {args.response_length} must be a multiple of --block-size")
     out = args.out or f"runs/bd3lm-arith-{args.block_size}"
@@ -77,9 +81,10 @@ def main(argv=None) -> None:
 
     def eval_fn(m) -> dict:
         acc = {}
+        strategy = Strategy("bd3lm", "exact", gen_length=args.response_length, block_length=args.block_size,
+                            top_p=1.0, stop_at_eos=True)  # bd3lm.sample's defaults, one token per step
         for name, k_shots in (("acc", ()), ("acc_4shot", shots)):
-            r = evaluate_problems(m, tok, held_out, sample, batch_size=64, shots=k_shots, block_size=args.block_size,
-                                  gen_length=args.response_length, steps_per_block=args.block_size, align="prompt")
+            r = score(m, tok, held_out, strategy, batch_size=64, shots=k_shots)
             acc[name] = r["accuracy"]
         return acc
 

@@ -15,11 +15,12 @@
 
 SFT recipe (LLaDA guidelines): prompt never masked, the answer EOS-padded to the batch length
 and masked with p ~ U(eps, 1). Procedural GSM8K-format problems from ``dlm.tasks``; tokenizer
-from ``dlm.tokenizer`` (digits one by one). What made a 0.9M-parameter model learn on a CPU
+from ``dlm.tasks.tokenizer`` (digits one by one). What made a 0.9M-parameter model learn on a CPU
 budget: fp32 (bf16 autocast is ~10x slower on AVX2 CPUs), single-digit operands (a fixed answer
 layout), the ``uniform`` per-row loss weight instead of LLaDA's high-variance 1/t, a curriculum
 of short answers first, and a second phase with small batches of long EOS tails (a model
 trained on 32-token answers fails at gen_length 64+: it has never seen a long masked tail).
+Torch CPU threads: ``OMP_NUM_THREADS`` if set, else 1 (:func:`experiments.cli.set_threads`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ import torch
 from dlm.checkpoints import load_model, save_model
 from dlm.model import ModelConfig, Transformer
 from dlm.objectives import LLaDASFTLoss
-from dlm.sampling import generate
 from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
-from dlm.tasks.evaluate import evaluate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
-from dlm.tokenizer import build_tokenizer
+from dlm.tasks.tokenizer import build_tokenizer
 from dlm.train import TrainConfig, train
+from experiments.cli import set_threads
+from experiments.evaluate import score
+from experiments.strategy import Strategy
 
 
 def build_model(tok, d_model: int, n_layers: int, n_heads: int, max_seq_len: int, seed: int) -> Transformer:
@@ -101,6 +103,7 @@ def main(argv=None) -> None:
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    set_threads(None)
 
     tok = build_tokenizer()
     arith = ArithConfig(min_steps=args.min_steps_per_problem, max_steps=args.max_steps_per_problem,
@@ -120,10 +123,8 @@ def main(argv=None) -> None:
     held_out = generate_problems(arith, 64, split="test", seed=12345)
 
     def eval_fn(m) -> dict:
-        semiar = evaluate_problems(m, tok, held_out, generate, batch_size=64, gen_length=64, steps=64,
-                                   block_length=32)
-        pure = evaluate_problems(m, tok, held_out, generate, batch_size=64, gen_length=64, steps=64,
-                                 block_length=64)
+        semiar = score(m, tok, held_out, Strategy("semiar32", gen_length=64, block_length=32), batch_size=64)
+        pure = score(m, tok, held_out, Strategy("pure", gen_length=64, block_length=None), batch_size=64)
         return {"acc_semiar64": semiar["accuracy"], "acc_pure64": pure["accuracy"]}
 
     cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,

@@ -9,19 +9,17 @@ import sys
 
 import torch
 
-from dlm.model import ModelConfig, Transformer
+from dlm.model import Transformer
 from dlm.objectives import LLaDAPretrainLoss
 from dlm.train import TrainConfig, train
+from tiny import micro_config, micro_model  # tests/ is sys.path[0] when run as a script
 
-VOCAB, SEQ, GLOBAL_BATCH, STEPS = 16, 8, 8, 2
+VOCAB, SEQ, GLOBAL_BATCH, STEPS = micro_config().vocab_size, 8, 8, 2  # [MASK] = VOCAB - 1
 
 
 def tiny_model(seed: int = 0) -> Transformer:
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                      mlp_hidden=32, max_seq_len=32, mask_token_id=VOCAB - 1)
-    model = Transformer(cfg)
-    model.reset_parameters(generator=torch.Generator().manual_seed(seed))
-    return model
+    """The 1-layer float32 training model (:func:`tiny.micro_model`)."""
+    return micro_model(seed)
 
 
 def batch_fn(step: int, generator: torch.Generator) -> dict:

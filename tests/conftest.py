@@ -1,4 +1,9 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures: shared data, the tiny models of :mod:`tiny`, a left-padded prompt
+batch, the embedded tokenizer.
+
+Markers (registered in pyproject.toml): ``slow`` = loads the shipped checkpoints, runs
+subprocesses or takes more than ~2 s; ``python -m pytest -m "not slow"`` is the quick run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+
+import tiny
 
 #: Default location of the shared data directory: <repo>/../shared/data.
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -39,9 +47,45 @@ def shared_data() -> Callable[[str], Path]:
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tiny float64 models run much faster on one thread than on an oversubscribed 2-core box."""
-    import torch
-
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------------------ tiny models
+# Function-scoped: a test may edit its model's weights (e.g. push the EOS logit).
+
+
+@pytest.fixture
+def tiny_model():
+    """Random native LLaDA-layout :class:`dlm.model.Transformer` (float64, eval): vocab 40,
+    2 layers, bidirectional, [MASK] = 39, EOS = 2, pad = 0 (:func:`tiny.tiny_model`)."""
+    return tiny.tiny_model()
+
+
+@pytest.fixture
+def tiny_dream():
+    """:func:`tiny.tiny_dream`: the tiny model with Dream's shifted logits and q/k/v bias."""
+    return tiny.tiny_dream()
+
+
+@pytest.fixture
+def prompts():
+    """A left-padded prompt batch for the tiny models: ids (3, 5) with 5, 3, 4 real tokens and
+    pad id 0, attention mask (3, 5) 0/1 (:func:`tiny.padded_prompts`)."""
+    return tiny.padded_prompts(tiny.tiny_config(), lengths=(5, 3, 4))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The embedded word-level tokenizer (:func:`dlm.tasks.tokenizer.build_tokenizer`)."""
+    from dlm.tasks.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture
+def tokenizer_model(tiny_tokenizer):
+    """A random 1-layer float32 model over :func:`tiny_tokenizer`'s ids (:func:`tiny.tokenizer_model`)."""
+    return tiny.tokenizer_model(tiny_tokenizer)

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from tiny import tokenizer_model
-from experiments import bd3_blocks, common
+from experiments import bd3_blocks
 from experiments.common import read_jsonl
 
 
 @pytest.fixture(scope="module")
 def bd3_ckpt(tmp_path_factory):
     from bd3lm import BD3Config, save_bd3
-    from dlm.tokenizer import build_tokenizer
+    from dlm.tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     model = tokenizer_model(tok, max_seq_len=512)
@@ -42,7 +42,7 @@ def test_cached_equals_uncached_and_resume(bd3_ckpt, tmp_path, monkeypatch):
     def no_compute(*a, **k):
         raise AssertionError("resumed run recomputed a sample")
 
-    monkeypatch.setattr(common, "evaluate_problems", no_compute)
+    monkeypatch.setattr("experiments.strategy.Strategy.run", no_compute)
     bd3_blocks.main(argv)
     assert {p.name: p.read_text() for p in tmp_path.glob("*.jsonl")} == before
     with pytest.raises(ValueError, match="--out"):  # another config into the same files

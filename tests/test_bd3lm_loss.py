@@ -9,7 +9,7 @@ from bd3lm import BD3Objective, ClipSchedule, bd3_logits, bd3_nelbo, perplexity,
 from bd3lm.loss import subs_nll
 from bd3lm.schedules import draw_noise, stratified_uniform
 from dlm.attention import block_causal_mask, block_ids, causal_mask
-from tests.tiny import random_prompts, tiny_model
+from tiny import random_prompts, tiny_model
 
 
 def gen(seed=0):

@@ -7,7 +7,7 @@ import torch
 
 from bd3lm.loss import bd3_logits
 from bd3lm.masks import bd3_mask, check_layout, dense_bd3_mask, num_columns
-from tests.tiny import random_prompts, tiny_model
+from tiny import random_prompts, tiny_model
 
 
 def brute_force(R: int, bs: int, P: int = 0) -> torch.Tensor:
@@ -124,7 +124,7 @@ def test_training_flop_ratios_of_the_benchmark():
     """The benchmark's FLOP floors: one block (L' = L) is MDLM exactly; the allowed-pairs count is
     below the dense count and equals the brute-force count of the mask."""
     from experiments.bench_bd3lm import flop_ratios
-    from tests.tiny import tiny_config
+    from tiny import tiny_config
 
     cfg = tiny_config()
     one = flop_ratios(cfg, 16, 16)

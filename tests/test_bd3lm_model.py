@@ -9,8 +9,8 @@ import torch
 
 from bd3lm import BD3LM, ClipSchedule
 from bd3lm.data import build_dataset, iterate_batches, load_tokenizer, wrap_chunks
-from tests.conftest import find_shared_data
-from tests.tiny import random_prompts, tiny_model
+from conftest import find_shared_data
+from tiny import random_prompts, tiny_model
 
 
 def test_train_validate_save_load(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 from bd3lm.sampler import sample, top_p_filter
 from dlm.model import Transformer
-from tests.tiny import random_prompts, tiny_config, tiny_model
+from tiny import left_pad, random_prompts, tiny_config, tiny_model
 
 
 def run(model, prompts, mask=None, seed=0, **kw):
@@ -17,16 +17,6 @@ def run(model, prompts, mask=None, seed=0, **kw):
     out = sample(model, prompts, mask, generator=torch.Generator().manual_seed(seed),
                  callback=lambda v: logits.append(v.logits.clone()), **kw)
     return out, logits
-
-
-def left_pad(rows, pad_id):
-    P = max(len(r) for r in rows)
-    ids = torch.full((len(rows), P), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), P, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        mask[i, P - len(r):] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("mode,temperature,top_p,align", [

@@ -1,4 +1,5 @@
-"""Teacher-forced chain probes: sites, masks against brute force, and scoring with oracle models."""
+"""Teacher-forced chain probes (research.chain_probe): sites, masks against brute force, and scoring
+with oracle models."""
 
 import json
 from pathlib import Path
@@ -9,8 +10,8 @@ import torch
 
 from dlm.tasks import ArithConfig, generate_problems, parse_chain
 from dlm.tasks.sft_data import encode_answer, encode_prompt
-from dlm.tokenizer import build_tokenizer
-from experiments.chain_probe import PROBES, main, number_sites, probe_problem, probe_rows
+from dlm.tasks.tokenizer import build_tokenizer
+from research.chain_probe import PROBES, main, number_sites, probe_problem, probe_rows
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 
@@ -100,6 +101,7 @@ def test_probe_problem_scores_oracle_and_its_mistakes(tok):
         probe_problem(_Oracle(x0, tok.mask_token_id), tok, pr.question, pr.answer, 4)
 
 
+@pytest.mark.slow
 def test_chain_probe_script_on_the_shipped_checkpoint(tmp_path):
     out = tmp_path / "probe.json"
     res = main(["--model", str(CHECKPOINT), "--n", "8", "--gen-length", "32", "--threads", "1", "--out", str(out)])

@@ -9,7 +9,6 @@ Tiny random float64 models; exactness is tested where it holds mathematically:
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import pytest
@@ -21,40 +20,14 @@ from dlm.model import ModelConfig, Transformer
 from dlm.sampling import generate as baseline_generate
 from dlm.stats import forward_flops
 from fastdllm.policies import window
+from tiny import fastdllm_config
+from tiny import fastdllm_model as tiny_model  # memoized; (n_layers, shift, seed, eos_bias)
+from tiny import fastdllm_prompts as prompts  # (3, 6) ids and, with padded=True, the attention mask
 
-MASK, EOS, PAD = 63, 1, 2
+_CFG = fastdllm_config()
+MASK, EOS = _CFG.mask_token_id, _CFG.eos_token_id
 RULES = ({}, {"threshold": 0.3}, {"factor": 2.0})
 CACHES = (None, "prefix", "dual")
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_model(n_layers: int = 2, shift: bool = False, seed: int = 0, eos_bias: float = 0.0) -> Transformer:
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-                      mlp_hidden=64, max_seq_len=64, mask_token_id=MASK, eos_token_id=EOS,
-                      pad_token_id=PAD, shift_logits=shift, qkv_bias=shift)
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg).double()
-    model.reset_parameters(std=0.5, generator=g)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):  # Dream has q/k/v biases; make them matter
-                p.normal_(0.0, 0.5, generator=g)
-        model.lm_head.weight[MASK] = 0.0  # like a trained model: [MASK] is (almost) never proposed
-        if eos_bias:  # push the EOS logit up along the mean answer hidden state
-            x = torch.cat([prompts()[0], torch.full((3, 24), MASK)], dim=1)
-            h = model(x, return_hidden=True)[:, 6:].reshape(-1, cfg.d_model).mean(0)
-            model.lm_head.weight[EOS] += eos_bias * h / h.pow(2).sum()
-    return model.eval()
-
-
-def prompts(padded: bool = False):
-    """(3, 6) prompts; with ``padded`` rows have 6, 3, 4 real tokens (left padding)."""
-    ids = torch.randint(3, 60, (3, 6), generator=torch.Generator().manual_seed(1))
-    if not padded:
-        return ids, None
-    lengths = torch.tensor([6, 3, 4])
-    am = (torch.arange(6)[None] >= 6 - lengths[:, None]).long()
-    return torch.where(am.bool(), ids, torch.full_like(ids, PAD)), am
 
 
 def same(a, b) -> None:

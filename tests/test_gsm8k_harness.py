@@ -21,7 +21,7 @@ import torch
 from dlm import save_model
 from experiments import gsm8k, report
 from experiments.common import encode_question, merge_logs, read_jsonl
-from experiments.strategies import GRIDS, STRATEGIES, Settings, Strategy, build_call, resolve
+from experiments.strategy import GRIDS, Strategy, factorial, resolve, table1
 from tiny import tokenizer_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    from dlm.tokenizer import build_tokenizer
+    from dlm.tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     model = tokenizer_model(tok)
@@ -66,38 +66,40 @@ def run(ckpt, out, *extra, clock=None):
     return gsm8k.run(gsm8k.parse_config(argv(ckpt, out, *extra)), clock=clock or FakeClock())
 
 
-def test_strategy_grid_builds_sampler_kwargs():
+def test_grid_rows_decode_like_the_sampler_calls_they_name(ckpt):
+    """Each table1 row, run through the one loop, gives the tokens of the public entry it stands for."""
     import bd3lm
     import fastdllm
+    from dlm import load_model
     from dlm.sampling import generate
 
-    s = Settings(gen_length=64, block_length=16, steps=32, threshold=0.8, factor=2.0)
-    common = dict(gen_length=64, steps=32, temperature=0.0, remasking="low_confidence")
-    fd = dict(common, block_length=16, cache=None, threshold=None, factor=None, stop_at_eos=False)
+    model, _ = load_model(ckpt, dtype=torch.float64)
+    ids = torch.tensor([[5, 9, 7, 11, 6], [8, 5, 12, 9, 10]])  # (2, 5)
+    rows = {x.name: x for x in table1(gen_length=16, block_length=8, steps=8, threshold=0.8, factor=2.0)}
+    fd = dict(gen_length=16, block_length=8, steps=8)
     expected = {
-        "baseline_full": (generate, dict(common, block_length=64)),
-        "baseline_semiar": (generate, dict(common, block_length=16)),
-        "fastdllm_prefix": (fastdllm.generate, dict(fd, cache="prefix")),
-        "fastdllm_dual": (fastdllm.generate, dict(fd, cache="dual")),
-        "fastdllm_threshold": (fastdllm.generate, dict(fd, threshold=0.8)),
-        "fastdllm_factor": (fastdllm.generate, dict(fd, factor=2.0)),
-        "fastdllm_prefix_threshold": (fastdllm.generate, dict(fd, cache="prefix", threshold=0.8)),
-        "fastdllm_dual_threshold": (fastdllm.generate, dict(fd, cache="dual", threshold=0.8)),
+        "baseline_full": lambda: generate(model, ids, gen_length=16, steps=8, block_length=16),
+        "baseline_semiar": lambda: generate(model, ids, gen_length=16, steps=8, block_length=8),
+        "fastdllm_prefix": lambda: fastdllm.generate(model, ids, cache="prefix", **fd),
+        "fastdllm_dual": lambda: fastdllm.generate(model, ids, cache="dual", **fd),
+        "fastdllm_threshold": lambda: fastdllm.generate(model, ids, threshold=0.8, **fd),
+        "fastdllm_factor": lambda: fastdllm.generate(model, ids, factor=2.0, **fd),
+        "fastdllm_prefix_threshold": lambda: fastdllm.generate(model, ids, cache="prefix", threshold=0.8, **fd),
+        "fastdllm_dual_threshold": lambda: fastdllm.generate(model, ids, cache="dual", threshold=0.8, **fd),
+        "bd3lm": lambda: bd3lm.sample(model, ids, block_size=4, gen_length=16, steps_per_block=2, stop_at_eos=True),
     }
-    for name, (fn, kw) in expected.items():
-        call = build_call(STRATEGIES[name], s)
-        assert call.fn is fn and call.kwargs == kw, name
-    bd3 = build_call(STRATEGIES["bd3lm"], s, bd3lm.BD3Config(block_size=4, align="prompt"))
-    assert bd3.fn is bd3lm.sample
-    assert bd3.kwargs == dict(block_size=4, gen_length=64, steps_per_block=2, temperature=0.0,
-                              stop_at_eos=True, align="prompt", mode="topk")
-    assert [x.name for x in GRIDS["table1"]][-1] == "bd3lm" and len(GRIDS["table1"]) == 9
-    cells = GRIDS["factorial"]
-    assert len(cells) == 24 == len({(c.cache, c.parallel, c.stop_at_eos, c.semi_ar) for c in cells})
-    abl = build_call(STRATEGIES["abl_dual_threshold_eos_full"], s).kwargs
-    assert (abl["cache"], abl["threshold"], abl["stop_at_eos"], abl["block_length"]) == ("dual", 0.8, True, 64)
-    assert [x.name for x in resolve(["baseline_full", "table1"])] == [x.name for x in GRIDS["table1"]]
-    assert Settings(gen_length=32).total_steps == 32
+    assert list(expected) == list(rows)
+    for name, call in expected.items():
+        strategy = rows[name].for_bd3(4, "prompt")
+        a, b = strategy.run(model, ids), call()
+        assert torch.equal(a.sequences, b.sequences) and a.stats.nfe == b.stats.nfe, name
+    assert rows["bd3lm"].for_bd3(4, "prompt").steps_per_block == 2
+    cells = factorial(gen_length=64, block_length=16, steps=32, threshold=0.8)
+    assert len(cells) == 24 == len({(c.cache, c.rule, c.stop_at_eos, c.block) for c in cells})
+    abl = {c.name: c for c in cells}["abl_dual_threshold_eos_full"]
+    assert (abl.cache, abl.threshold, abl.stop_at_eos, abl.block) == ("dual", 0.8, True, 64)
+    assert [x.name for x in resolve(["baseline_full", "table1"])] == [x.name for x in GRIDS["table1"]()]
+    assert Strategy(gen_length=32, block_length=None).total_steps == 32
 
 
 def test_bad_args_raise_value_error_naming_the_flag(ckpt, tmp_path):
@@ -111,10 +113,10 @@ def test_bad_args_raise_value_error_naming_the_flag(ckpt, tmp_path):
     for extra, name in cases:
         with pytest.raises(ValueError, match=name):
             gsm8k.parse_config(base + extra)
-    with pytest.raises(ValueError, match="strategy"):
-        Strategy("x", "baseline", cache="dual")
-    with pytest.raises(ValueError, match="BD3-LM"):
-        build_call(STRATEGIES["bd3lm"], Settings())
+    with pytest.raises(ValueError, match="cache"):
+        Strategy("x", cache="nope")
+    with pytest.raises(ValueError, match="block size"):
+        Strategy("x", cache="exact", block_length=None)
     # prompt + gen length too long for the model: refused before any sampler call or file
     clock = FakeClock()
     with pytest.raises(ValueError, match="--gen-length"):
@@ -142,7 +144,7 @@ def test_resume_after_kill_matches_uninterrupted_run(ckpt, tmp_path):
         suffix = "" if "." in name else ".jsonl"
         assert (resumed / f"{name}{suffix}").read_text() == (full / f"{name}{suffix}").read_text(), name
     rec = read_jsonl(full / "baseline_semiar.jsonl")[0]
-    for key in ("id", "strategy", "config_hash", "prompt_length", "output", "extracted", "target", "correct",
+    for key in ("id", "strategy", "config_hash", "prompt_length", "prediction", "extracted", "target", "correct",
                 "nfe", "positions_computed", "tokens_until_eos", "seconds", "seed"):
         assert key in rec
 
@@ -277,6 +279,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_run_merges_into_single_process_result(ckpt, tmp_path):
     out, ref = tmp_path / "dist", tmp_path / "ref"
     args = ["--model", str(ckpt), "--limit", "5", "--batch-size", "2", "--gen-length", "16", "--block-length", "8",
@@ -290,7 +293,7 @@ def test_two_process_run_merges_into_single_process_result(ckpt, tmp_path):
     merged = read_jsonl(out / "fastdllm_dual.jsonl")
     assert [r["index"] for r in merged] == [0, 1, 2, 3, 4]
     assert {r["index"] % 2 for r in read_jsonl(out / "fastdllm_dual.rank1.jsonl")} == {1}
-    keys = ("id", "output", "correct", "tokens_until_eos", "config_hash", "prompt_length")
+    keys = ("id", "prediction", "correct", "tokens_until_eos", "config_hash", "prompt_length")
     single = read_jsonl(ref / "fastdllm_dual.jsonl")
     assert [[r[k] for k in keys] for r in merged] == [[r[k] for k in keys] for r in single]
     assert (out / "table.md").is_file()

@@ -32,7 +32,7 @@ def _tiny(tok, seed=0) -> Transformer:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict:
     from bd3lm import BD3Config, save_bd3
-    from dlm.tokenizer import build_tokenizer
+    from dlm.tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     root = tmp_path_factory.mktemp("lm_eval_ckpt")
@@ -49,7 +49,8 @@ def request(kind: str, *args) -> Instance:
 def test_generate_until_cuts_at_eos_then_stop_strings(ckpts):
     lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), cache="dual", threshold=0.9, gen_length=16,
                             block_length=8, batch_size=2, dtype="float64")
-    assert lm.strategy.cache == "dual" and lm.call.kwargs["threshold"] == 0.9
+    assert lm.strategy.cache == "dual" and (lm.strategy.rule, lm.strategy.threshold) == ("threshold", 0.9)
+    assert lm.call == lm.strategy.run
     real = lm.generate_until([request("generate_until", "Question: Ann has 3 pens.\nAnswer:", {"until": []})])
     assert isinstance(real[0], str)
     tok = lm.tokenizer
@@ -67,6 +68,30 @@ def test_generate_until_cuts_at_eos_then_stop_strings(ckpts):
     out = lm.generate_until([request("generate_until", "Question: a\nAnswer:", {"until": ["Question:", "</s>"]}),
                              request("generate_until", "Question: b\nAnswer:", {"until": "Question:"})])
     assert out == [" 3 + 4 = 7\n#### 7\n\n", " 5 - 2 = 3"]
+
+
+def test_model_args_build_one_strategy(ckpts):
+    named = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), strategy="fastdllm_dual_threshold", gen_length=16,
+                               block_length=8, dtype="float64")
+    s = named.strategy
+    assert (s.name, s.cache, s.rule, s.threshold, s.block, s.total_steps) == (
+        "fastdllm_dual_threshold", "dual", "threshold", 0.9, 8, 16)
+    full = lem.fastdllm_strategy("baseline_full", None, None, None, 16, 8, 8, 0.0, False)
+    assert (full.cache, full.rule, full.block, full.steps_per_block) == ("none", "topk", 16, 8)
+    custom = lem.fastdllm_strategy(None, "prefix", None, 2.0, 16, 8, None, 0.0, True)
+    assert (custom.cache, custom.rule, custom.factor, custom.stop_at_eos) == ("prefix", "factor", 2.0, True)
+    for kw, match in ((dict(strategy="bd3lm"), "strategy"), (dict(strategy="table1"), "strategy"),
+                      (dict(strategy="baseline_semiar", cache="dual"), "fixes"), (dict(cache="exact"), "BD3-LM"),
+                      (dict(threshold=0.9, factor=1.0), "at most one"), (dict(dtype="fp8"), "dtype")):
+        with pytest.raises(ValueError, match=match):
+            lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), gen_length=16, block_length=8,
+                               **{"dtype": "float64", **kw})
+    bd3 = lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_2"]), gen_length=8, steps=4, dtype="float64")
+    s = bd3.strategy
+    assert (s.cache, s.rule, s.block, s.align, s.top_p, s.steps_per_block, s.stop_at_eos) == (
+        "exact", "topk", 2, "prompt", 1.0, 1, True)
+    with pytest.raises(ValueError, match="gen_length"):
+        lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_2"]), gen_length=7, dtype="float64")
 
 
 @torch.no_grad()

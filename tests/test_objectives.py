@@ -3,18 +3,15 @@ import math
 import pytest
 import torch
 
-from dlm.model import ModelConfig, Transformer
 from dlm.objectives import LLaDAPretrainLoss, LLaDASFTLoss, sample_masking_noise
+from tiny import micro_config, micro_model
 
-V, MASK = 16, 15
+V, MASK = micro_config().vocab_size, micro_config().mask_token_id  # 16, 15
 
 
 def tiny(seed=0, eos=None):
-    cfg = ModelConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
-                      max_seq_len=32, mask_token_id=MASK, eos_token_id=eos)
-    m = Transformer(cfg)
-    m.reset_parameters(generator=torch.Generator().manual_seed(seed))
-    return m
+    """The 1-layer float32 training model (:func:`tiny.micro_model`), EOS id ``eos``."""
+    return micro_model(seed, eos_token_id=eos)
 
 
 def ids(B=3, L=7, seed=1):

@@ -14,8 +14,8 @@ from dlm.attention import causal_mask
 from dlm.likelihood import mc_perplexity
 from experiments.common import read_jsonl
 from experiments.perplexity import main, parse_config, run
-from tests.conftest import find_shared_data
-from tests.tiny import random_prompts, tiny_model
+from conftest import find_shared_data
+from tiny import random_prompts, tiny_model
 
 
 def _argv(tmp_path, *extra, models=("ar", "bd4", "mdlm")) -> list[str]:

@@ -39,6 +39,7 @@ def test_plan_names_and_artefacts_are_unique():
             assert j.artefacts, j.name  # a finished training job must be recognisable
 
 
+@pytest.mark.slow  # runs `git ls-files` in a subprocess
 def test_every_committed_result_file_is_made_by_a_job():
     jobs = plan("results", "runs/reproduce")
     patterns = [p for j in jobs for p in (*j.artefacts, *j.samples)]
@@ -69,6 +70,7 @@ def _cost_job(name: str, out: Path, block: int = 32, after: tuple = ()) -> Job:
                "test", (f"{name}.md",), after=after)
 
 
+@pytest.mark.slow  # three job subprocesses (~5 s)
 def test_run_jobs_skips_finished_work_and_blocks_dependants(tmp_path):
     out, logs = tmp_path / "out", tmp_path / "logs"
     ok = _cost_job("ok", out)
@@ -140,6 +142,7 @@ def test_prepare_fresh_copies_perplexity_models_and_train_records(tmp_path, monk
     assert kept == ["config", "train/ar"]  # the eval records are recomputed
 
 
+@pytest.mark.slow  # a parent and a child subprocess
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux only (prctl PDEATHSIG)")
 def test_jobs_die_with_a_killed_reproduce():
     import subprocess

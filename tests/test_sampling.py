@@ -6,7 +6,7 @@ import torch
 
 from dlm.commit import num_transfer_tokens, select_topk
 from dlm.sampling import generate
-from tiny import random_prompts, tiny_model
+from tiny import left_pad, random_prompts, tiny_model
 
 
 def reference_generate(model, prompt, gen_length, steps, block_length, remasking="low_confidence",
@@ -128,13 +128,9 @@ def test_temperature_zero_deterministic_and_seeded_sampling():
 def test_batch_with_left_padding_equals_single_rows(cfg_scale):
     model = tiny_model()
     lengths = [3, 7, 5]
-    rows = [random_prompts(1, n, model.config, seed=n) for n in lengths]
+    rows = [random_prompts(1, n, model.config, seed=n) for n in lengths]  # (1, n) each
     P = max(lengths)
-    batch = torch.zeros(len(rows), P, dtype=torch.long)
-    am = torch.zeros(len(rows), P, dtype=torch.long)
-    for i, r in enumerate(rows):
-        batch[i, P - r.shape[1]:] = r
-        am[i, P - r.shape[1]:] = 1
+    batch, am = left_pad([r[0].tolist() for r in rows], model.config.pad_token_id)  # (3, P) each
     kw = dict(gen_length=12, steps=6, block_length=4, cfg_scale=cfg_scale)
     out = generate(model, batch, attention_mask=am, **kw)
     for i, r in enumerate(rows):

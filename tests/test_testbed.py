@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from dlm.checkpoints import load_tokenizer
-from dlm.sampling import generate
 from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
-from dlm.tasks.evaluate import evaluate_problems, left_pad, mcnemar_exact, wilson_ci
+from dlm.tasks.evaluate import left_pad, mcnemar_exact, wilson_ci
+from experiments.evaluate import score
+from experiments.strategy import Strategy
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
-from dlm.tokenizer import build_tokenizer
+from dlm.tasks.tokenizer import build_tokenizer
 from experiments.common import JsonlLog, arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -112,6 +113,7 @@ def test_jsonl_log_resumes_after_truncated_line(tmp_path):
     assert [r["id"] for r in lines] == ["a", "b", "c"] and lines[1]["v"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen_length", [32, 128])
 def test_shipped_checkpoint_solves_problems(tok, gen_length):
     """The committed embedded model really solves held-out problems (semi-AR, 1 token/step), also
@@ -121,8 +123,7 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
     model, mtok = load_model(CKPT)
     from experiments.common import arith_config_of
     problems = generate_problems(arith_config_of(CKPT), 16, split="test", seed=777)
-    r = evaluate_problems(model, mtok, problems, generate, batch_size=16, gen_length=gen_length,
-                          steps=gen_length, block_length=32)
+    r = score(model, mtok, problems, Strategy("semiar32", gen_length=gen_length, block_length=32), batch_size=16)
     assert r["n"] == 16
     assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     assert all(x["extracted"] is not None for x in r["records"][:8])
@@ -132,6 +133,7 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
         assert n <= 32 and 0 <= x["tail_before_answer"] <= (32 - n + 1) / (gen_length - n + 1), x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [4, 8, 16])
 def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
     """The committed block-diffusion models (exact KV cache, stop at the first EOS block) solve
@@ -140,15 +142,15 @@ def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
     decode past the block that holds EOS."""
     ckpt = CKPT.parent / f"bd3lm-arith-{block_size}"
     assert ckpt.is_dir(), f"embedded BD3-LM checkpoint {ckpt} is missing"
-    from bd3lm import BD3LM, sample
+    from bd3lm import BD3LM
     from experiments.common import arith_config_of
     bd3, mtok = BD3LM.load(ckpt)
     assert bd3.block_size == block_size
     arith = arith_config_of(ckpt)
     problems = generate_problems(arith, 16, split="test", seed=777)
     for shots, floor in (((), 0.5), (fewshot_examples(arith, 4, seed=777), 0.3)):
-        r = evaluate_problems(bd3.model, mtok, problems, sample, batch_size=16, shots=shots, block_size=block_size,
-                              gen_length=128, steps_per_block=block_size, align=bd3.align, stop_at_eos=True)
+        strategy = Strategy("bd3lm", "exact", gen_length=128, top_p=1.0, stop_at_eos=True).for_bd3(block_size, bd3.align)
+        r = score(bd3.model, mtok, problems, strategy, batch_size=16, shots=shots)
         assert r["accuracy"] >= floor, (len(shots), [x["prediction"] for x in r["records"]])
         limit = -(-22 // block_size) * block_size  # answers are <= 21 tokens + EOS
         assert all(x["tokens_until_eos"] <= limit for x in r["records"]), "decoded past the EOS block"
@@ -164,13 +166,14 @@ def _shipped_runs(name: str, n: int, gen_length: int = 128):
     model, mtok = load_model(ckpt)
     arith = arith_config_of(ckpt)
     problems = generate_problems(arith, n, split="test", seed=777, unique=True)
-    semi, pure = (evaluate_problems(model, mtok, problems, generate, batch_size=n, gen_length=gen_length,
-                                    steps=gen_length, block_length=b) for b in (32, gen_length))
-    few = evaluate_problems(model, mtok, problems[:8], generate, shots=fewshot_examples(arith, 4, seed=777),
-                            batch_size=8, gen_length=64, steps=64, block_length=32)
+    semi, pure = (score(model, mtok, problems, Strategy("s", gen_length=gen_length, block_length=b), batch_size=n)
+                  for b in (32, gen_length))
+    few = score(model, mtok, problems[:8], Strategy("few", gen_length=64, block_length=32), batch_size=8,
+                shots=fewshot_examples(arith, 4, seed=777))
     return arith, semi, pure, few
 
 
+@pytest.mark.slow
 def test_shipped_loop_checkpoint_pure_diffusion_commits_the_eos_tail_first():
     """The committed loop-task model (``ArithConfig(loop=True)``: the answer's length is known only once
     the loop is worked out) solves held-out problems with semi-AR blocks of 32, zero-shot and with 4
@@ -190,6 +193,7 @@ def test_shipped_loop_checkpoint_pure_diffusion_commits_the_eos_tail_first():
     assert mean["pure"] > 0.8 and mean["pure"] > mean["semi"] + 0.4, tails
 
 
+@pytest.mark.slow
 def test_shipped_chain_checkpoint_solves_chains_and_pure_diffusion_is_not_ahead():
     """The committed chain-task model (five stated steps, SFT rows mostly masked from a random cut to
     the end) solves held-out problems with semi-AR blocks of 32, zero-shot and with 4 worked
@@ -310,15 +314,16 @@ def test_sft_batches_direct_answers(tok):
 
 
 def test_testbed_refuses_samples_of_other_weights(tmp_path):
-    from experiments.common import check_log_resumable
+    from experiments.evaluate import check_resumable, existing_records
 
     log = JsonlLog(tmp_path / "x.jsonl")
     log.append([{"id": "a", "config_hash": "h1", "model_weights": "w1"}, {"id": "b", "config_hash": "h1"}])
-    check_log_resumable(log, "h1", "w1")
+    done = existing_records(log.path)
+    check_resumable(done, log.path, "h1", "w1")
     with pytest.raises(ValueError, match="weights"):
-        check_log_resumable(log, "h1", "w2")
+        check_resumable(done, log.path, "h1", "w2")
     with pytest.raises(ValueError, match="config"):
-        check_log_resumable(log, "h2", "w1")
+        check_resumable(done, log.path, "h2", "w1")
 
 
 def test_testbed_counts_distinct_problems_and_draws_unique_ones():

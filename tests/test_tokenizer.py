@@ -1,4 +1,5 @@
-"""Tests for dlm.tokenizer: closed vocabulary, exact round trip, save/load."""
+"""Tests for dlm.tokenizer (generic word-level tokenizer) and dlm.tasks.tokenizer (the embedded one):
+closed vocabulary, exact round trip, save/load."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from dlm.tasks import DEFAULT_TEMPLATE, ArithConfig, fewshot_examples, format_prompt, generate_problems
-from dlm.tokenizer import SPACE, SPECIAL_TOKENS, build_tokenizer, default_vocabulary, load_tokenizer, save_tokenizer
+from dlm.tasks.tokenizer import build_tokenizer, default_vocabulary
+from dlm.tokenizer import SPACE, SPECIAL_TOKENS, build_word_tokenizer, load_tokenizer, save_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +107,17 @@ def test_build_tokenizer_bad_inputs():
         build_tokenizer(model_max_length=0)
     with pytest.raises(TypeError, match="tokenizer"):
         save_tokenizer("tok", "/tmp/x")
+
+
+def test_generic_word_tokenizer_knows_no_task():
+    tok = build_word_tokenizer(["zebras"])
+    assert tok.unk_token_id not in tok.encode("zebras , 12 zebras .")
+    assert tok.unk_token_id in tok.encode("Question:")  # no template words unless asked for
+    assert tok.chat_template is None
+    with_template = build_word_tokenizer(["zebras"], fixed_text="Question: \nAnswer:", chat_template="{{ x }}")
+    assert with_template.unk_token_id not in with_template.encode("Question: zebras\nAnswer:")
+    assert with_template.chat_template == "{{ x }}"
+    with pytest.raises(TypeError, match="fixed_text"):
+        build_word_tokenizer(["zebras"], fixed_text=["Question"])
+    with pytest.raises(TypeError, match="vocab_words"):
+        build_word_tokenizer("zebras")

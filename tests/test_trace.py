@@ -1,25 +1,33 @@
-"""Denoising traces (dlm.trace, experiments/trace.py) and ``python -m dlm.generate --stream``."""
+"""Denoising traces (dlm.trace, experiments/trace.py) and ``python -m experiments.generate --stream``."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-import dlm.generate as cli
+import experiments.generate as cli
 import fastdllm
-from dlm.generate import AnswerStream, Strategy, run_strategy
+from dlm.sampling import generate
 from dlm.trace import block_steps, replay_lines, step_states
 from experiments import trace
+from experiments.generate import AnswerStream, FinalBlocks, label
+from experiments.strategy import Strategy
 from tiny import random_prompts, tiny_model
 
+REPO = Path(__file__).resolve().parents[1]
 G, L = 12, 4
 STRATEGIES = [
-    Strategy("baseline", G, L, 6),
-    Strategy("baseline", G, G, 6),
-    Strategy("fastdllm", G, L, 6),
-    Strategy("fastdllm", G, L, 12, cache="prefix"),
-    Strategy("fastdllm", G, L, cache="dual", threshold=0.2),
-    Strategy("bd3lm", G, L, 6),
+    Strategy("baseline", gen_length=G, block_length=L, steps=6),
+    Strategy("baseline", gen_length=G, block_length=G, steps=6),
+    Strategy("fastdllm", gen_length=G, block_length=L, steps=6),
+    Strategy("fastdllm", "prefix", gen_length=G, block_length=L, steps=12),
+    Strategy("fastdllm", "dual", "threshold", gen_length=G, block_length=L, threshold=0.2),
+    Strategy("bd3lm", "exact", gen_length=G, block_length=L, steps=6, top_p=1.0),
+    Strategy("exact_threshold", "exact", "threshold", gen_length=G, block_length=L, threshold=0.2, top_p=1.0),
 ]
 
 
@@ -32,16 +40,16 @@ def ids_for(model):
     return random_prompts(1, 5, model.config, seed=2)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.label + f"-L{s.block_length}")
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: label(s) + f"-L{s.block}")
 def test_commit_steps_are_a_valid_trace(model, strategy):
-    out = run_strategy(model, ids_for(model), strategy)
+    out = strategy.run(model, ids_for(model))
     answer, cs = out.sequences[0, 5:], out.commit_step[0]
-    bs = block_steps(cs, strategy.block_length)  # every column committed, blocks in order
+    bs = block_steps(cs, strategy.block)  # every column committed, blocks in order
     assert int(cs.max()) + 1 == out.stats.steps
-    if strategy.threshold is None:  # top-k: block b owns steps [b s, (b + 1) s)
-        s = strategy.total_steps * strategy.block_length // G
-        assert bs.first.tolist() == [b * s for b in range(G // strategy.block_length)]
-        assert bs.last.tolist() == [(b + 1) * s - 1 for b in range(G // strategy.block_length)]
+    if strategy.rule == "topk":  # top-k: block b owns steps [b s, (b + 1) s)
+        s = strategy.total_steps * strategy.block // G
+        assert bs.first.tolist() == [b * s for b in range(G // strategy.block)]
+        assert bs.last.tolist() == [(b + 1) * s - 1 for b in range(G // strategy.block)]
     states = step_states(answer, cs, model.config.mask_token_id)
     masked = (states == model.config.mask_token_id).sum(-1)
     assert bool((masked[1:] < masked[:-1]).all()) and int(masked[-1]) == 0  # every step commits
@@ -71,18 +79,21 @@ def test_callback_does_not_change_the_output(model):
     assert torch.equal(a.sequences, b.sequences) and torch.equal(a.commit_step, b.commit_step)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.label + f"-L{s.block_length}")
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: label(s) + f"-L{s.block}")
 def test_stream_blocks_equal_final_answer(model, strategy):
     ids = ids_for(model)
     blocks = []
-    out = run_strategy(model, ids, strategy, on_block=lambda b, t: blocks.append((b, t[0].tolist())))
-    plain = run_strategy(model, ids, strategy)  # baseline: dlm.sampling.generate itself
+    final = FinalBlocks(model.config.mask_token_id, 5, lambda b, t: blocks.append((b, t[0].tolist())))
+    out = strategy.run(model, ids, callback=final)
+    plain = strategy.run(model, ids)
     assert torch.equal(out.sequences, plain.sequences)
+    if strategy.name == "baseline":  # the baseline is dlm.sampling.generate itself
+        ref = generate(model, ids, gen_length=G, steps=strategy.total_steps, block_length=strategy.block)
+        assert torch.equal(out.sequences, ref.sequences)
     answer = out.sequences[0, 5:].tolist()
-    nb = G // strategy.block_length
-    expect = range(nb - 1) if strategy.name == "bd3lm" else range(nb)  # bd3lm: last block at the end
+    expect = range(G // strategy.block)  # every block, the last one included, once it is final
     assert [b for b, _ in blocks] == list(expect)
-    assert sum((t for _, t in blocks), []) == answer[: len(expect) * strategy.block_length]
+    assert sum((t for _, t in blocks), []) == answer
     pieces = []
     stream = AnswerStream(None, model.config.eos_token_id, pieces.append)
     for _, t in blocks:
@@ -97,7 +108,7 @@ def test_answer_stream_eos_and_tokenizer():
     s = AnswerStream(None, 2, pieces.append)
     s.push([5, 6]), s.push([7, 2, 9]), s.push([8]), s.finish([5, 6, 7, 2, 9, 8])
     assert pieces == [" 5 6", " 7 2"]
-    from dlm.tokenizer import build_tokenizer
+    from dlm.tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer(["apples", "Ann", "has"])
     answer = tok.encode(" Ann has 12 apples .", add_special_tokens=False)
@@ -109,11 +120,19 @@ def test_answer_stream_eos_and_tokenizer():
     assert "".join(pieces) == tok.decode(answer, skip_special_tokens=True) == " Ann has 12 apples ."
 
 
-@pytest.mark.parametrize("strategy", ["baseline", "fastdllm", "bd3lm"])
-def test_cli_stream_matches_plain_run(strategy, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "missing")  # tiny random model
-    argv = ["--strategy", strategy, "--gen-length", "16", "--block-length", "4", "--prompt", "hi there",
-            "--device", "cpu"] + (["--cache", "dual"] if strategy == "fastdllm" else [])
+def _no_checkpoints(monkeypatch, tmp_path):
+    """The CLI falls back to the tiny random model."""
+    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "missing")
+    monkeypatch.setattr(cli, "DEFAULT_BD3_MODEL", tmp_path / "missing")
+
+
+@pytest.mark.parametrize("flags", [["--strategy", "baseline"], ["--strategy", "fastdllm", "--cache", "dual"],
+                                   ["--strategy", "bd3lm"], ["--cache", "prefix", "--threshold", "0.5"],
+                                   ["--cache", "exact", "--rule", "threshold", "--stop-at-eos"]],
+                         ids=" ".join)
+def test_cli_stream_matches_plain_run(flags, capsys, monkeypatch, tmp_path):
+    _no_checkpoints(monkeypatch, tmp_path)
+    argv = flags + ["--gen-length", "16", "--block-length", "4", "--prompt", "hi there", "--device", "cpu"]
     cli.main(argv)
     plain = capsys.readouterr().out.splitlines()
     cli.main(argv + ["--stream"])
@@ -123,8 +142,37 @@ def test_cli_stream_matches_plain_run(strategy, capsys, monkeypatch, tmp_path):
     assert [line for line in streamed if not line.startswith("[")] == text
 
 
+def test_cli_bd3lm_takes_the_block_size_from_the_model(capsys, tmp_path):
+    from bd3lm import BD3Config, save_bd3
+    from dlm.tasks.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    model, _ = cli._tiny_random_model()
+    path = save_bd3(model, tok, tmp_path / "bd3", BD3Config(block_size=8, align="prompt"))
+    p = cli.parser()
+    run = cli.setup(p, p.parse_args(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16"]))
+    s = run.strategy
+    assert (s.cache, s.block, s.align, s.top_p) == ("exact", 8, "prompt", 1.0)
+    cli.main(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16", "--stream"])
+    assert "Answer:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # --block-length must be the model's
+        cli.main(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16", "--block-length", "4"])
+
+
+@pytest.mark.slow
+def test_cli_stream_subprocess_on_the_embedded_checkpoint():
+    assert cli.DEFAULT_MODEL.is_dir()
+    res = subprocess.run([sys.executable, "-m", "experiments.generate", "--stream", "--threads", "1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    answer = next(line for line in lines if line.startswith("Answer:"))
+    assert "####" in res.stdout and len(answer) > len("Answer:")
+    assert lines[-1].startswith("[baseline:") and "forwards" in lines[-1]
+
+
 def test_trace_cli(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "missing")
+    _no_checkpoints(monkeypatch, tmp_path)
     png = tmp_path / "t.png"
     res = trace.main(["--strategy", "fastdllm", "--cache", "prefix", "--gen-length", "8", "--block-length",
                       "4", "--prompt", "abc", "--replay", "--out", str(png)])
@@ -139,9 +187,9 @@ def test_trace_cli(monkeypatch, tmp_path, capsys):
 
 
 def test_bad_inputs(model, monkeypatch, tmp_path):
-    for kw in (dict(name="ar"), dict(name="baseline", cache="dual"), dict(gen_length=10, block_length=4),
-               dict(name="bd3lm", threshold=0.9), dict(name="baseline", stop_at_eos=True),
-               dict(gen_length=8, block_length=4, steps=3)):
+    for kw in (dict(cache="ar"), dict(rule="ar"), dict(gen_length=10, block_length=4),
+               dict(rule="topk", threshold=0.9), dict(gen_length=8, block_length=4, steps=3),
+               dict(cache="exact", block_length=None)):
         with pytest.raises(ValueError):
             Strategy(**kw)
     with pytest.raises(ValueError, match="commit_step"):
@@ -150,9 +198,15 @@ def test_bad_inputs(model, monkeypatch, tmp_path):
         block_steps(torch.tensor([0, 1, -1, 2]), 2)
     with pytest.raises(ValueError, match="previous block"):
         block_steps(torch.tensor([0, 2, 1, 3]), 2)
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "missing")
-    for argv in (["--delay", "-1"], ["--cache", "dual"], ["--gen-length", "10", "--block-length", "4"]):
+    _no_checkpoints(monkeypatch, tmp_path)
+    for argv in (["--delay", "-1"], ["--strategy", "baseline", "--cache", "dual"],
+                 ["--gen-length", "10", "--block-length", "4"]):
         with pytest.raises(SystemExit):
             trace.main(argv + ["--out", str(tmp_path / "x.png")])
-    with pytest.raises(SystemExit):
-        cli.main(["--strategy", "bd3lm", "--threshold", "0.9"])
+    for argv in (["--strategy", "ar"], ["--strategy", "baseline", "--cache", "dual"],
+                 ["--strategy", "baseline", "--threshold", "0.9"], ["--strategy", "baseline", "--stop-at-eos"],
+                 ["--strategy", "bd3lm", "--threshold", "0.9"], ["--strategy", "bd3lm", "--cache", "dual"],
+                 ["--strategy", "fastdllm", "--cache", "exact"], ["--rule", "topk", "--threshold", "0.9"],
+                 ["--gen-length", "8", "--block-length", "4", "--steps", "3"], ["--cache", "block_causal"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)

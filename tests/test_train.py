@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from dlm.ema import EMA
-from dlm.model import ModelConfig, Transformer
+from dlm.model import Transformer
 from dlm.objectives import LLaDAPretrainLoss
 from dlm.train import TrainConfig, lr_at, param_groups, train
+from tiny import micro_config
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("_ddp_worker", HERE / "_ddp_worker.py")
@@ -38,8 +39,7 @@ def test_schedule_values(tmp_path):
 
 
 def test_param_groups_no_decay_on_norms_biases_embeddings():
-    model = Transformer(ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                                    mlp_hidden=32, qkv_bias=True, mask_token_id=15))
+    model = Transformer(micro_config(qkv_bias=True))
     decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     nd = {names[id(p)] for p in no_decay["params"]}
@@ -195,6 +195,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two torchrun worker processes (~6 s)
 def test_ddp_two_procs_equal_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")

@@ -1,16 +1,12 @@
-"""Batched accuracy of a sampler on GSM8K-format problems (left padding, shared extraction)."""
+"""Evaluation helpers shared by the entry points: left padding, decoding up to the first stop id,
+the Wilson interval and the exact McNemar test (the evaluation loop is ``experiments.evaluate``)."""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Sequence
+from typing import Iterable
 
 import torch
-
-from ..sampling import eos_ids
-from ..stats import tail_before_answer
-from .gsm8k import Problem, extract_strict, is_correct
-from .sft_data import encode_prompt
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,38 +55,3 @@ def mcnemar_exact(b: int, c: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
-
-
-@torch.no_grad()
-def evaluate_problems(model, tokenizer, problems: Sequence[Problem], sampler: Callable,
-                      batch_size: int = 64, shots: Sequence[Problem] = (), mode: str = "strict",
-                      **sampler_kwargs) -> dict:
-    """Run ``sampler(model, ids, attention_mask=..., **kw)`` over ``problems``.
-
-    Returns {"accuracy", "ci", "n", "records"}; each record has id, prediction, extracted
-    answer, correct, tokens_until_eos, first_eos_step, tail_before_answer
-    (:func:`dlm.stats.tail_before_answer`; None without an EOS tail) and the call's nfe/seconds.
-    """
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    records = []
-    for lo in range(0, len(problems), batch_size):
-        chunk = problems[lo:lo + batch_size]
-        ids, mask = left_pad([encode_prompt(tokenizer, p.question, shots) for p in chunk], pad_id)
-        out = sampler(model, ids.to(device), attention_mask=mask.to(device), **sampler_kwargs)
-        P = ids.shape[1]
-        tails = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id).tolist()
-        for i, p in enumerate(chunk):
-            text = decode_until_stop(tokenizer, out.sequences[i, P:].tolist(), eos_ids(model))
-            records.append({
-                "id": p.id, "prediction": text, "extracted": extract_strict(text),
-                "target": p.target_str, "correct": bool(is_correct(text, p.target, mode=mode)),
-                "prompt_length": int(mask[i].sum()),
-                "tokens_until_eos": int(out.stats.tokens_until_eos[i]),
-                "first_eos_step": int(out.stats.first_eos_step[i]) if out.stats.first_eos_step is not None else -1,
-                "tail_before_answer": None if math.isnan(tails[i]) else round(tails[i], 4),
-                "nfe": out.stats.nfe, "seconds": out.stats.seconds / len(chunk),
-            })
-    k = sum(r["correct"] for r in records)
-    return {"accuracy": k / max(len(records), 1), "ci": wilson_ci(k, len(records)), "n": len(records),
-            "records": records}

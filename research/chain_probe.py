@@ -1,6 +1,6 @@
 """Teacher-forced probes: does the model compute each reasoning line, and read its answer off the chain?
 
-    python -m experiments.chain_probe --model results/checkpoints/llada-arith --n 100 --gen-length 32
+    python -m research.chain_probe --model results/checkpoints/llada-arith --n 100 --gen-length 32
 
 For held-out problems, the reference answer is placed after the prompt (EOS-padded to
 ``gen_length``, as in SFT) and some of it is masked; one forward pass, then the argmax at every
@@ -36,6 +36,7 @@ import torch
 from dlm.checkpoints import load_model
 from dlm.tasks import DEFAULT_TEMPLATE, generate_problems
 from dlm.tasks.sft_data import encode_prompt
+from experiments.cli import set_threads
 from experiments.common import arith_config_of, atomic_write_text, git_sha, repo_relative
 from experiments.testbed import DEFAULT_MODEL
 
@@ -111,13 +112,12 @@ def main(argv=None) -> dict:
     p.add_argument("--gen-length", type=int, default=32, help="EOS-padded answer length of the probe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--unique", action="store_true", help="held-out problems with distinct arithmetic")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: OMP_NUM_THREADS, else 1)")
     p.add_argument("--out", default=None, help="write the result as JSON here (atomically)")
     args = p.parse_args(argv)
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     model, tok = load_model(args.model, dtype=torch.float32)
     model.eval()
     problems = generate_problems(arith_config_of(args.model), args.n, split="test", seed=args.seed,

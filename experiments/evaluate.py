@@ -1,0 +1,157 @@
+"""The one evaluation path: a :class:`experiments.strategy.Strategy` over GSM8K-format problems,
+one record per sample, appended to a resumable log.
+
+:func:`evaluate` left-pads each batch of prompts, decodes it with ``strategy.run``, and writes one
+record per problem (the format below) to a :class:`experiments.common.JsonlLog`; problems
+already in the log are skipped, and samples already there must come from the same config and
+weights (:func:`check_resumable`). The GSM8K harness, the testbed, the BD3-LM block-size study
+and the training scripts' held-out evaluation all call it.
+
+Record: ``id, index, strategy, config_hash, seed, prompt_length, prediction, extracted,
+extracted_flexible, target, correct, correct_flexible, nfe, positions_computed, tokens_until_eos,
+tokens_committed, steps, first_eos_step, tail_before_answer, seconds, batch_rows, factors,
+git_sha, model_weights`` plus the caller's tags. ``seconds`` is the batch's sampler wall time
+divided among its rows; ``nfe``/``steps``/``positions_computed`` are the batch's (the rows of a
+batch share their forwards). Files written before this format name the text ``output``:
+:func:`prediction` reads both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from dlm.sample import stop_ids
+from dlm.stats import tail_before_answer
+from dlm.tasks import Problem, extract_flexible, extract_strict, is_correct
+from dlm.tasks.evaluate import decode_until_stop, left_pad, wilson_ci
+from experiments.common import JsonlLog, encode_question, git_sha, rank_log_paths, read_jsonl
+from experiments.strategy import Strategy, factors
+
+
+def prediction(record: dict) -> str:
+    """The decoded answer of a record (``prediction``; ``output`` in files of the old harness)."""
+    return record["prediction"] if "prediction" in record else record["output"]
+
+
+def existing_records(path: Path) -> dict[str, dict]:
+    """id -> record over ``path`` and its per-rank logs (first seen wins)."""
+    out: dict[str, dict] = {}
+    for src in [Path(path), *rank_log_paths(path)]:
+        for r in read_jsonl(src):
+            out.setdefault(r["id"], r)
+    return out
+
+
+def check_resumable(records: dict[str, dict], path, config_hash: str, weights: Optional[str]) -> None:
+    """The samples already recorded must come from this config and these weights (records from
+    before weights were recorded carry none and pass on the config hash alone)."""
+    hashes = {r.get("config_hash") for r in records.values()} - {config_hash}
+    other = {r["model_weights"] for r in records.values() if r.get("model_weights")} - {weights}
+    if hashes or (other and weights is not None):
+        raise ValueError(f"--out: {path} holds samples of config {sorted(map(str, hashes))} / weights "
+                         f"{sorted(other)}, this run is config {config_hash}, weights {weights}: the config or "
+                         f"the checkpoint changed; delete that file or use another --out")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Problem], idx: Sequence[int], out, mask,
+                 seconds: float, tags: dict) -> list[dict]:
+    """Per-sample records of one sampler call over the rows ``idx`` (indices into ``problems``)."""
+    P, st = mask.shape[1], out.stats
+    stops = stop_ids(model)
+    tails = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id).tolist()
+    first_eos = st.first_eos_step.tolist()
+    records = []
+    for row, i in enumerate(idx):
+        p = problems[i]
+        text = decode_until_stop(tokenizer, out.sequences[row, P:].tolist(), stops)
+        records.append({
+            "id": p.id, "index": i, "strategy": strategy.name, **tags, "prompt_length": int(mask[row].sum()),
+            "prediction": text, "extracted": extract_strict(text), "extracted_flexible": extract_flexible(text),
+            "target": p.target_str, "correct": bool(is_correct(text, p.target)),
+            "correct_flexible": bool(is_correct(text, p.target, mode="flexible")),
+            "nfe": st.nfe, "positions_computed": st.positions_computed,
+            "tokens_until_eos": int(st.tokens_until_eos[row]), "tokens_committed": st.tokens_committed,
+            "steps": st.steps, "first_eos_step": int(first_eos[row]),
+            "tail_before_answer": None if math.isnan(tails[row]) else round(tails[row], 4),
+            "seconds": seconds, "batch_rows": len(idx), "factors": factors(strategy)})
+    return records
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, log: Optional[JsonlLog] = None, *,
+             shots: Sequence[Problem] = (), chat_template: bool = False, batch_size: int = 32, seed: int = 0,
+             config_hash: Optional[str] = None, weights: Optional[str] = None, tags: Optional[dict] = None,
+             indices: Optional[Sequence[int]] = None, done: Optional[dict] = None,
+             clock: Callable[[], float] = time.perf_counter, progress: Optional[Callable[[dict], None]] = None
+             ) -> list[dict]:
+    """Decode ``problems[indices]`` (default: all) with ``strategy``; returns this call's records.
+
+    log: append each batch's records there (a rerun skips the ids already in ``log`` or ``done``;
+    a partly recorded batch is rerun as the same batch, so sampled runs resume exactly);
+    None keeps them in memory. Each batch's noise comes from a generator seeded with
+    ``seed * 1_000_003 + first index`` (the batch, not the call, fixes the tokens).
+    tags: recorded with every sample (plus ``config_hash``, ``seed``, ``git_sha``,
+    ``model_weights`` when given). progress(tally) is called after every batch.
+    """
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    done = dict(done or {})
+    if log is not None:
+        done.update({r["id"]: r for r in log.records})
+        check_resumable(done, log.path, config_hash, weights)
+    tags = {**(tags or {}), **({} if config_hash is None else {"config_hash": config_hash}), "seed": seed}
+    tail = {} if log is None else {"git_sha": git_sha(), "model_weights": weights}
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompts = [encode_question(tokenizer, p.question, shots, chat_template) for p in problems]
+    limit = model.config.max_seq_len
+    longest = max(len(x) for x in prompts)
+    if longest + strategy.gen_length > limit:
+        raise ValueError(f"the longest prompt ({longest} tokens, {len(shots)} shots) + gen_length "
+                         f"{strategy.gen_length} exceeds max_seq_len={limit}")
+    order = list(range(len(problems))) if indices is None else list(indices)
+    fresh_all: list[dict] = []
+    for lo in range(0, len(order), batch_size):
+        idx = order[lo:lo + batch_size]
+        if all(problems[i].id in done for i in idx):
+            continue
+        ids, mask = left_pad([prompts[i] for i in idx], pad)  # (b, P) each
+        ids, mask = ids.to(device), mask.to(device)
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + idx[0])
+        _sync(device)
+        t0 = clock()
+        out = strategy.run(model, ids, mask, generator=gen)  # sequences (b, P + G)
+        _sync(device)
+        seconds = (clock() - t0) / len(idx)
+        fresh = [{**r, **tail} for r in make_records(tokenizer, model, strategy, problems, idx, out, mask,
+                                                     seconds, tags) if r["id"] not in done]
+        if log is not None:
+            log.append(fresh)
+        done.update((r["id"], r) for r in fresh)
+        fresh_all += fresh
+        if progress is not None:
+            progress({"new": len(fresh), "records": fresh_all})
+    return fresh_all
+
+
+def summary(records: Sequence[dict]) -> dict:
+    """accuracy, its Wilson 95% CI, n and the records themselves."""
+    k, n = sum(bool(r["correct"]) for r in records), len(records)
+    return {"accuracy": k / max(n, 1), "ci": wilson_ci(k, n), "n": n, "records": list(records)}
+
+
+def score(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, **kwargs) -> dict:
+    """:func:`summary` of :func:`evaluate` in memory (no log): held-out accuracy during training."""
+    return summary(evaluate(model, tokenizer, problems, strategy, **kwargs))

@@ -1,0 +1,1 @@
+"""One-off probes and studies of the embedded testbed (not user entry points; see README.md)."""

@@ -1,0 +1,266 @@
+"""The sampler contract, once for every strategy (:class:`experiments.strategy.Strategy`).
+
+Strategies: cache policy x commit rule x stop_at_eos, every combination the design allows:
+``none`` / ``prefix`` / ``dual`` on the tiny bidirectional models (LLaDA layout and Dream's
+shifted logits) and ``exact`` / ``block_causal`` on the tiny LLaDA model used block-causally, each
+with topk / threshold / factor / first_hitting / ancestral, with and without ``stop_at_eos``.
+
+(a) a left-padded batch of N equals N batches of 1, token for token (greedy rules);
+(b) cached == uncached where the design promises it: ``exact`` == ``block_causal``, and
+    ``prefix`` / ``dual`` with ``refresh_every=1`` == ``none``;
+(c) a callback that only reads changes nothing;
+(d) same seed, same tokens at temperature > 0; the generator is the only source of randomness;
+(e) bad input raises ValueError / TypeError before any forward.
+
+The models' EOS id is set to a token they often propose, so ``stop_at_eos`` really stops rows
+(:func:`test_stop_at_eos_is_exercised` guards that precondition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+import bd3lm
+import fastdllm
+from dlm.commit import RULES
+from dlm.sampling import generate
+from experiments.strategy import BLOCK_MODELS, POLICIES, Strategy
+from tiny import tiny_config, unpad
+
+G, L = 8, 4  # gen_length, block_length: two blocks
+MASK = tiny_config().mask_token_id
+EOS = 16  # a token the tiny models propose often, so stop_at_eos stops some rows and not others
+RULE_NUMBERS = {"topk": {}, "threshold": {"threshold": 0.2}, "factor": {"factor": 2.5}, "first_hitting": {},
+                "ancestral": {}}
+GREEDY_RULES = ("topk", "threshold", "factor")  # no draw from the generator at temperature 0
+FULL_CACHES = ("none", "prefix", "dual")  # bidirectional models
+MODELS = {"llada": FULL_CACHES + BLOCK_MODELS, "dream": FULL_CACHES}  # Dream is no block-diffusion model
+
+
+def _cases(rules=tuple(RULES), caches=None, models=tuple(MODELS)):
+    """pytest params (model, cache, rule, stop) for every allowed strategy."""
+    out = []
+    for model in models:
+        allowed = MODELS[model]
+        for cache, rule, stop in itertools.product(allowed, rules, (False, True)):
+            if caches is None or cache in caches:
+                name = f"{model}-{cache}-{rule}-{'eos' if stop else 'noeos'}"
+                out.append(pytest.param(model, cache, rule, stop, id=name))
+    return out
+
+
+ALL = _cases()
+LLADA = _cases(models=("llada",))  # (c), (d): Dream's window shift draws nothing and calls back the same way
+
+
+def strategy(cache: str, rule: str, stop: bool, **kw) -> Strategy:
+    return Strategy(f"{cache}_{rule}", cache, rule, gen_length=G, block_length=L, stop_at_eos=stop,
+                    **RULE_NUMBERS[rule], **kw)
+
+
+def with_eos(m):
+    """``m`` with EOS = ``EOS`` (config only; the weights are unchanged)."""
+    m.config = dataclasses.replace(m.config, eos_token_id=EOS)
+    return m
+
+
+@pytest.fixture
+def model(request):
+    """Indirect parameter: ``"llada"`` -> the conftest's ``tiny_model``, ``"dream"`` -> ``tiny_dream``,
+    with EOS = ``EOS``."""
+    return with_eos(request.getfixturevalue({"llada": "tiny_model", "dream": "tiny_dream"}[request.param]))
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def same_tokens(a, b) -> None:
+    assert torch.equal(a.sequences, b.sequences)
+    assert torch.equal(a.commit_step, b.commit_step)
+
+
+def fill_after_eos(x: torch.Tensor, P: int) -> torch.Tensor:
+    """(B, T) ``x`` with every answer column after a row's first EOS set to EOS (plain loops)."""
+    out = x.clone()
+    for r in range(x.shape[0]):
+        row = x[r, P:].tolist()
+        if EOS in row:
+            out[r, P + row.index(EOS):] = EOS
+    return out
+
+
+@contextlib.contextmanager
+def no_forward(model):
+    """Fail the test if ``model`` runs a forward inside the block."""
+    handle = model.register_forward_pre_hook(lambda *a: pytest.fail("a forward ran on bad input"))
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+def test_the_grid_covers_every_policy_and_rule():
+    assert set(RULE_NUMBERS) == set(RULES)
+    assert set(FULL_CACHES + BLOCK_MODELS) == set(POLICIES)
+    assert len(ALL) == (5 + 3) * len(RULES) * 2
+
+
+def test_stop_at_eos_is_exercised(tiny_model, tiny_dream, prompts):
+    """Precondition of the stop_at_eos cases: rows that stop in the first block next to rows
+    that do not, under several strategies."""
+    ids, am = prompts
+    models = {"llada": with_eos(tiny_model), "dream": with_eos(tiny_dream)}
+    mixed = 0
+    for model, cache, rule, stop in (p.values for p in _cases(GREEDY_RULES)):
+        if stop:
+            t = strategy(cache, rule, stop).run(models[model], ids, am).stats.tokens_until_eos  # (B,)
+            mixed += bool((t <= L).any() and (t == G).any())
+    assert mixed >= 10
+
+
+@pytest.mark.parametrize("cache", ["none", "exact"])
+@pytest.mark.parametrize("rule", ["threshold", "factor"])
+def test_parallel_rules_are_exercised(tiny_model, prompts, cache, rule):
+    """Precondition: with these numbers the parallel rules commit several columns in some steps."""
+    out = strategy(cache, rule, False).run(tiny_model, *prompts)
+    assert out.stats.steps < G
+
+
+# ------------------------------------------------------------------------------ (a) batching
+@pytest.mark.parametrize("model,cache,rule,stop", _cases(GREEDY_RULES), indirect=["model"])
+def test_batch_equals_rows_alone(model, prompts, cache, rule, stop):
+    ids, am = prompts  # (3, P) left padded
+    s, P = strategy(cache, rule, stop), ids.shape[1]
+    batch = s.run(model, ids, am)
+    for r in range(ids.shape[0]):
+        real = unpad(ids, am, r)  # (1, P_r)
+        alone = s.run(model, real)
+        assert torch.equal(batch.sequences[r, P:], alone.sequences[0, real.shape[1]:]), r
+        if rule == "topk":  # fixed schedule: the same step numbers too
+            assert torch.equal(batch.commit_step[r], alone.commit_step[0]), r
+
+
+# ------------------------------------------------------------------------------ (b) cached == uncached
+def _reference(cache: str) -> str:
+    return "block_causal" if cache == "exact" else "none"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("model,cache,rule,stop", _cases(caches=("prefix", "dual", "exact")),
+                         indirect=["model"])
+def test_cached_equals_uncached(model, prompts, cache, rule, stop, temperature):
+    ids, am = prompts
+    refresh = {} if cache == "exact" else {"refresh_every": 1}
+    cached = strategy(cache, rule, stop, temperature=temperature, **refresh).run(model, ids, am, generator=seeded(3))
+    ref = strategy(_reference(cache), rule, stop, temperature=temperature).run(model, ids, am, generator=seeded(3))
+    same_tokens(cached, ref)
+    assert cached.stats.steps == ref.stats.steps
+    assert not (cached.sequences == MASK).any()
+    if cache == "exact":  # the cache saves work
+        assert cached.stats.positions_computed < ref.stats.positions_computed
+
+
+# ------------------------------------------------------------------------------ (c) read-only callback
+@pytest.mark.parametrize("model,cache,rule,stop", LLADA, indirect=["model"])
+def test_reading_callback_changes_nothing(model, prompts, cache, rule, stop):
+    ids, am = prompts
+    s = strategy(cache, rule, stop)
+    seen = []
+
+    def read(v) -> None:  # touches every field of the StepView, keeps copies only
+        seen.append((v.block, v.step, v.global_step, v.lo, v.hi, v.full, v.x.clone(), float(v.logits.sum()),
+                     v.commit.clone(), None if v.cache is None else v.cache.length))
+
+    plain = s.run(model, ids, am, generator=seeded(1))
+    watched = s.run(model, ids, am, generator=seeded(1), callback=read)
+    same_tokens(watched, plain)
+    assert watched.stats.nfe == plain.stats.nfe
+    assert len(seen) == plain.stats.steps > 0
+    assert [v[2] for v in seen] == list(range(len(seen)))  # global_step counts every step
+    last = seen[-1][6]  # (B, T) x after the last step
+    assert torch.equal(fill_after_eos(last, ids.shape[1]) if stop else last, plain.sequences)
+
+
+# ------------------------------------------------------------------------------ (d) seeded randomness
+@pytest.mark.parametrize("model,cache,rule,stop", LLADA, indirect=["model"])
+def test_same_seed_same_tokens_and_only_the_generator_is_random(model, prompts, cache, rule, stop):
+    ids, am = prompts
+    s = strategy(cache, rule, stop, temperature=1.0)
+    torch.manual_seed(0)
+    global_state = torch.get_rng_state()
+    a = s.run(model, ids, am, generator=seeded(7))
+    assert torch.equal(torch.get_rng_state(), global_state), "the global RNG was drawn from"
+    torch.manual_seed(12345)  # another global state changes nothing
+    b = s.run(model, ids, am, generator=seeded(7))
+    c = s.run(model, ids, am, generator=seeded(8))
+    same_tokens(a, b)
+    assert not torch.equal(a.sequences, c.sequences)
+
+
+# ------------------------------------------------------------------------------ (e) bad input
+@pytest.mark.parametrize("cache", tuple(POLICIES))
+@pytest.mark.parametrize("bad,exc,word", [
+    (lambda ids, am: (ids.double(), am), TypeError, "input_ids"),  # float ids
+    (lambda ids, am: (ids[None], None), ValueError, "input_ids"),  # (1, B, P)
+    (lambda ids, am: (ids.masked_fill(am.bool() & (torch.arange(ids.shape[1]) == 3), MASK), am), ValueError,
+     "mask id"),  # column 3 is a real token in every row
+    (lambda ids, am: (ids, am[:, 1:]), ValueError, "attention_mask"),  # (B, P - 1)
+    (lambda ids, am: (ids, torch.zeros_like(am)), ValueError, "attention_mask"),  # no real token
+], ids=["float-ids", "3d-ids", "mask-in-prompt", "mask-shape", "empty-row"])
+def test_bad_input_raises_before_any_forward(tiny_model, prompts, cache, bad, exc, word):
+    ids, am = bad(*prompts)
+    with no_forward(tiny_model), pytest.raises(exc, match=word):
+        strategy(cache, "topk", False).run(tiny_model, ids, am)
+
+
+@pytest.mark.parametrize("cache", ["none", "exact"])
+@pytest.mark.parametrize("ids", [torch.tensor([5, 6, 7]), [[5, 6, 7]]], ids=["1d-tensor", "list"])
+def test_strategy_run_refuses_non_matrix_input_ids(tiny_model, cache, ids):
+    with no_forward(tiny_model), pytest.raises((TypeError, ValueError), match="input_ids"):
+        strategy(cache, "topk", False).run(tiny_model, ids)
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    (dict(gen_length=10, block_length=4), "divisible"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(rule="threshold", threshold=1.5), "threshold"),
+    (dict(rule="threshold", threshold=0.0), "threshold"),
+    (dict(rule="threshold", threshold=float("nan")), "threshold"),
+    (dict(rule="factor", factor=-1.0), "factor"),
+    (dict(steps=3), "steps"),  # not a multiple of the 2 blocks
+])
+@pytest.mark.parametrize("cache", tuple(POLICIES))
+def test_bad_strategy_numbers_raise_at_construction(cache, kwargs, word):
+    base = dict(name="bad", cache=cache, rule="topk", gen_length=G, block_length=L)
+    with pytest.raises(ValueError, match=word):
+        Strategy(**{**base, **kwargs})
+
+
+ENTRIES = {  # the thin entries with the same bad numbers
+    "llada": lambda m, ids, **kw: generate(m, ids, **{"gen_length": G, "block_length": L, "steps": G, **kw}),
+    "fastdllm": lambda m, ids, **kw: fastdllm.generate(m, ids, **{"gen_length": G, "block_length": L, **kw}),
+    "bd3lm": lambda m, ids, **kw: bd3lm.sample(m, ids, **{"gen_length": G, "block_size": L, **kw}),
+}
+
+
+@pytest.mark.parametrize("entry,kwargs,word", [
+    ("llada", dict(gen_length=10), "divisible"),
+    ("llada", dict(temperature=float("nan")), "temperature"),
+    ("fastdllm", dict(gen_length=10), "divisible"),
+    ("fastdllm", dict(temperature=float("nan")), "temperature"),
+    ("fastdllm", dict(threshold=1.5), "threshold"),
+    ("fastdllm", dict(threshold=float("nan")), "threshold"),
+    ("bd3lm", dict(gen_length=10), "divide"),
+    ("bd3lm", dict(temperature=float("nan")), "temperature"),
+    ("bd3lm", dict(mode="threshold", threshold=1.5), "threshold"),
+])
+def test_thin_entries_refuse_bad_numbers_before_any_forward(tiny_model, prompts, entry, kwargs, word):
+    ids, _ = prompts
+    with no_forward(tiny_model), pytest.raises(ValueError, match=word):
+        ENTRIES[entry](tiny_model, ids, **kwargs)
