@@ -174,12 +174,12 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
         model, after = f"{ck}/{ckpt_name}", ((trained_by,) if full else ())
         tb = ("--model", model, *extra, "--out", f"{out}/{d}")
         for name, configs, k, n, cost in runs:
-            jobs.append(Job(name, "experiments.testbed",
+            jobs.append(Job(name, "research.testbed",
                             ("--configs", *configs, "--fewshot", k, "--n", _cap(n, limit), *tb),
                             f"{d} samples ({Path(model).name}): {', '.join(configs)}, {k}-shot, gen 256",
                             samples=tuple(f"{d}/{c}_k{k}.jsonl" for c in configs), always=True,
                             after=after, cost_min=cost * _cap(n, limit) / n))
-        jobs.append(Job(f"{d}_report", "experiments.testbed",
+        jobs.append(Job(f"{d}_report", "research.testbed",
                         ("--report-only", "--fewshot", 0, 4, "--n", _cap(500, limit), *tb),
                         f"{d} table ({Path(model).name}): semi-AR vs pure diffusion, first-EOS step, "
                         "tokens/step, few-shot", (f"{d}/testbed.md", f"{d}/testbed.json"), always=True,
@@ -207,13 +207,13 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     blocks = f"{out}/bd3lm_blocks"
     for b in BD3_BLOCKS:
         n = _cap(500, limit)
-        jobs.append(Job(f"bd3lm_blocks_{b}", "experiments.bd3_blocks",
+        jobs.append(Job(f"bd3lm_blocks_{b}", "research.bd3_blocks",
                         ("--models", f"{ck}/bd3lm-arith-{b}", "--n", n, "--uncached", _cap(100, limit),
                          "--fewshot", 0, 4, "--out", blocks),
                         f"embedded BD3-LM L'={b}: 0/4-shot accuracy, cached vs uncached outputs and time",
                         samples=tuple(f"bd3lm_blocks/L{b}_k{k}{u}.jsonl" for k in (0, 4) for u in ("", "_uncached")),
                         always=True, after=(f"train_bd3lm_{b}",) if full else (), cost_min=3.0 * n / 500))
-    jobs.append(Job("bd3lm_blocks_report", "experiments.bd3_blocks",
+    jobs.append(Job("bd3lm_blocks_report", "research.bd3_blocks",
                     ("--report-only", "--models", *(f"{ck}/bd3lm-arith-{b}" for b in BD3_BLOCKS),
                      "--n", _cap(500, limit), "--out", blocks),
                     "embedded BD3-LM by block size (table)", ("bd3lm_blocks/table.md", "bd3lm_blocks/table.json"),

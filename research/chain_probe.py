@@ -38,7 +38,7 @@ from dlm.tasks import DEFAULT_TEMPLATE, generate_problems
 from dlm.tasks.sft_data import encode_prompt
 from experiments.cli import set_threads
 from experiments.common import arith_config_of, atomic_write_text, git_sha, repo_relative
-from experiments.testbed import DEFAULT_MODEL
+from research.testbed import DEFAULT_MODEL
 
 PROBES = ("line_left", "line_rest", "final_chain", "final_question")
 _RESULT_RE = re.compile(r"^[^\n]*?\d+ [-+*/] \d+ = (\d+)\)?$|^#### (\d+)$", re.M)

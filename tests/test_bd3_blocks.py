@@ -1,4 +1,4 @@
-"""experiments.bd3_blocks on a tiny random BD3-LM checkpoint: exact cache = uncached outputs,
+"""research.bd3_blocks on a tiny random BD3-LM checkpoint: exact cache = uncached outputs,
 resumable logs, the table, bad arguments."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tiny import tokenizer_model
-from experiments import bd3_blocks
+from research import bd3_blocks
 from experiments.common import read_jsonl
 
 

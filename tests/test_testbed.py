@@ -73,7 +73,7 @@ def test_mcnemar_exact_matches_brute_force():
 
 
 def test_paired_table_uses_common_problems(tmp_path):
-    from experiments.testbed import paired_table
+    from research.testbed import paired_table
 
     def write(name, correct):
         (tmp_path / f"{name}_k0.jsonl").write_text(
@@ -232,7 +232,7 @@ def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
 
 
 def test_tokens_per_step_table_compares_the_same_problems(tmp_path):
-    from experiments.testbed import tokens_per_step_table
+    from research.testbed import tokens_per_step_table
 
     def write(name, correct):
         (tmp_path / f"{name}_k0.jsonl").write_text(
@@ -330,7 +330,7 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     from argparse import Namespace
 
     from dlm.tasks import problem_key
-    from experiments.testbed import held_out_problems, per_key_accuracy
+    from research.testbed import held_out_problems, per_key_accuracy
 
     args = Namespace(model=str(CKPT), n=120, seed=0, unique=False)
     repeated = held_out_problems(args)
@@ -352,7 +352,7 @@ def test_testbed_counts_distinct_problems_and_draws_unique_ones():
 
 
 def test_is_direct_answer():
-    from experiments.testbed import is_direct_answer
+    from research.testbed import is_direct_answer
 
     assert is_direct_answer("#### 7") and is_direct_answer("Ann has 7 pens.\n#### 7")
     assert not is_direct_answer("3 + 4 = 7\n#### 7")
@@ -361,7 +361,7 @@ def test_is_direct_answer():
 
 
 def test_chain_stats_splits_direct_answers_from_chains():
-    from experiments.testbed import chain_stats
+    from research.testbed import chain_stats
 
     recs = [{"prediction": "#### 7", "correct": True},                       # direct, right
             {"prediction": "#### 3", "correct": False},                      # direct, wrong
@@ -379,7 +379,7 @@ def test_chain_stats_splits_direct_answers_from_chains():
 def test_testbed_report_length_column_and_refusal_of_other_problems(tmp_path):
     from argparse import Namespace
 
-    from experiments.testbed import held_out_problems, report
+    from research.testbed import held_out_problems, report
 
     args = Namespace(model=str(CKPT), out=str(tmp_path), n=30, seed=0, unique=False, fewshot=[0], gen_length=256)
     rec = {"correct": True, "first_eos_step": 1, "prompt_length": 27, "prediction": ""}

@@ -1,7 +1,7 @@
 """Testbed bars for the embedded LLaDA-style model (issue: the embedded testbed).
 
-    python -m experiments.testbed --n 500                   # all configs below, resumable
-    python -m experiments.testbed --configs semiar32 pure --n 100 --fewshot 0
+    python -m research.testbed --n 500                   # all configs below, resumable
+    python -m research.testbed --configs semiar32 pure --n 100 --fewshot 0
 
 Configs (gen_length G, default 256; baseline sampler, low-confidence remasking, greedy):
   semiar32        blocks of 32, steps = G        (1 token / step)

@@ -1,7 +1,7 @@
 """Embedded BD3-LM models by block size on the GSM8K-format testbed task (BD3-LM, Arriola et al. 2025).
 
-    python -m experiments.bd3_blocks --n 500                 # every model below, 0- and 4-shot
-    python -m experiments.bd3_blocks --report-only
+    python -m research.bd3_blocks --n 500                 # every model below, 0- and 4-shot
+    python -m research.bd3_blocks --report-only
 
 Each checkpoint (default ``results/checkpoints/bd3lm-arith-{4,8,16}``) decodes block by block
 with the exact KV cache of :func:`bd3lm.sample`: ``steps_per_block = L'`` (one token per step,
