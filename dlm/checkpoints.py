@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 
 import torch
 
+from .io import write_dir
 from .layouts import config_from_json, config_to_json, layout_name_map
 from .model import ModelConfig, Transformer
 
@@ -36,6 +36,26 @@ def _as_dtype(dtype) -> Optional[torch.dtype]:
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise TypeError(f"dtype must be a torch.dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+def _as_device(device) -> torch.device:
+    """``device`` (None = CPU) as a torch.device that exists on this machine, else ValueError."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"device {device!r} is not a valid torch device (e.g. 'cpu', 'cuda', 'cuda:0'): "
+                         f"{err}") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(dev)!r} requested but torch.cuda.is_available() is False")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(dev)!r} requested but torch.cuda.device_count() is "
+                             f"{torch.cuda.device_count()}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(dev)!r} requested but torch.backends.mps.is_available() is False")
+    return dev
 
 
 def resolve_path(path_or_id: PathLike) -> Path:
@@ -105,11 +125,25 @@ def weights_fingerprint(path_or_hub_id: PathLike, full_limit: int = 256 << 20) -
 def _safetensor_keys(file: Path) -> list[str]:
     from safetensors import safe_open
 
-    try:
+    with _reading(file):
         with safe_open(str(file), framework="pt") as f:
             return list(f.keys())
-    except Exception as e:
-        raise ValueError(f"cannot read weight file {file} (missing, truncated or corrupt): {e}") from None
+
+
+@contextmanager
+def _reading(file: Path):
+    """Relabel only the weight file's own format errors (a safetensors header that does not parse,
+    a file cut short) as corruption, keeping the cause; any other error (out of memory, a device
+    that fails) keeps its type and gets a note naming the file."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        raise ValueError(f"cannot read weight file {file} (truncated or corrupt): {err}") from err
+    except Exception as err:
+        err.add_note(f"while reading weight file {file}")
+        raise
 
 
 def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype) -> dict[str, torch.Tensor]:
@@ -123,15 +157,11 @@ def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype)
     for file, names in by_file.items():
         if not file.is_file():
             raise FileNotFoundError(f"missing weight shard {file}")
-        try:
+        with _reading(file):
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for n in names:
                     t = f.get_tensor(n)
                     out[wanted[n]] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-        except (FileNotFoundError, KeyError):
-            raise
-        except Exception as e:
-            raise ValueError(f"cannot read weight file {file} (truncated or corrupt): {e}") from None
     return out
 
 
@@ -172,9 +202,14 @@ def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
     """Load ``(model, tokenizer)`` from a native, LLaDA or Dream HF-format directory.
 
     dtype: parameter dtype (default float32; pass ``torch.bfloat16`` for the 7-8B checkpoints).
+    device: where the tensors are loaded (default CPU); an invalid device string, or a device this
+    machine does not have (``'cuda'`` without CUDA), is a ValueError before any file is read.
     The tokenizer is None when the directory has no tokenizer files. The model is in eval mode.
+    A weight file that does not parse (bad header, cut short) is a ValueError naming the file with
+    the safetensors error as its cause; other errors (e.g. out of memory) keep their type.
     """
     dtype = _as_dtype(dtype)
+    device = _as_device(device)
     path = resolve_path(path_or_hub_id)
     cfg, _ = read_config(path)
     tokenizer = load_tokenizer(path, cfg.layout)
@@ -190,7 +225,6 @@ def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
     if missing:
         raise ValueError(f"checkpoint {path} is missing tensor(s) {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
-    device = torch.device(device) if device is not None else torch.device("cpu")
     tensors = _read_tensors(files, {c: n for n, c in name_map.items()}, device, dtype)
     for n, p in model.named_parameters():
         if tuple(tensors[n].shape) != tuple(p.shape):
@@ -198,11 +232,6 @@ def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
                              f"expected {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
     return model.eval(), tokenizer
-
-
-def _atomic_dir(out_dir: Path):
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
 
 
 def save_model(model: Transformer, tokenizer, out_dir: PathLike, dtype=None, layout: str = "native",
@@ -231,25 +260,17 @@ def save_model(model: Transformer, tokenizer, out_dir: PathLike, dtype=None, lay
         t = p.detach()
         t = t.to(dtype) if dtype is not None else t
         tensors[names[n]] = t.to("cpu").contiguous()
-    tmp = _atomic_dir(out_dir)
-    try:
-        (tmp / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+
+    def write(tmp: str) -> None:
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
         if max_shard_bytes is None:
-            save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            save_file(tensors, str(Path(tmp) / WEIGHTS), metadata={"format": "pt"})
         else:
-            _save_sharded(tensors, tmp, max_shard_bytes)
+            _save_sharded(tensors, Path(tmp), max_shard_bytes)
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            tokenizer.save_pretrained(tmp)
+
+    write_dir(out_dir, write)  # ordinary file / dir modes (not tempfile's 0600 / 0700), then the swap
     return out_dir
 
 

@@ -90,9 +90,31 @@ class Run:
     timer: ForwardTimer
     cache: Optional[KVCache] = None
     key_padding: Optional[Tensor] = field(init=False)  # (B, 1, 1, T) bool or None
+    active: Optional[Tensor] = None  # (B,) bool: rows that need the next forward (None: all)
 
     def __post_init__(self) -> None:
         self.key_padding = key_padding_mask(self.attention_mask)
+        B = self.x.shape[0]
+        zeros = lambda: torch.zeros(B, dtype=torch.long, device=self.x.device)  # noqa: E731
+        st = self.stats
+        st.row_nfe, st.row_steps, st.row_positions, st.row_flops = zeros(), zeros(), zeros(), zeros()
+
+    def _real(self, start: int, stop: int) -> Tensor | int:
+        """(B,) non-padding columns in ``[start, stop)`` (an int when there is no padding)."""
+        if self.attention_mask is None:
+            return stop - start
+        return self.attention_mask[:, start:stop].long().sum(-1)
+
+    def _count(self, start: int, width: int, keys: int, n_head: int, copies: int) -> None:
+        """Per-row NFE, positions and FLOPs of one forward (active rows, real columns only)."""
+        cfg, st = self.model.config, self.stats
+        q, k = self._real(start, start + width), self._real(0, keys)  # keys are columns [0, keys)
+        flops = copies * forward_flops(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model,
+                                       q, k, cfg.vocab_size, n_head)
+        on = torch.ones_like(st.row_nfe, dtype=torch.bool) if self.active is None else self.active
+        st.row_nfe += on
+        st.row_positions += on * q
+        st.row_flops += on * flops
 
     def new_cache(self) -> KVCache:
         self.cache = KVCache.for_model(self.model, self.x.shape[0], self.x.shape[1])
@@ -112,6 +134,7 @@ class Run:
         self.stats.extra["flops"] += copies * forward_flops(
             cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model, width, keys,
             cfg.vocab_size, n_head)
+        self._count(start, width, keys, n_head, copies)
         inp = self.x[:, start:stop] if inputs is None else inputs
         pos = self.positions[:, start:stop] if positions is None else positions
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
@@ -180,6 +203,8 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
                 break
             elif i == hi - lo:  # unreachable: every step commits >= 1 in each unclean row
                 raise RuntimeError(f"commit rule {rule.label} made no progress in a block")
+            run.active = eligible.any(-1)  # (B,) rows whose block still has [MASK] columns
+            stats.row_steps += run.active
             logits = policy.logits(run, lo, hi, i)  # (B, L, V)
             x0, conf = propose(logits, proposal.temperature, remasking, generator, exclude, proposal.top_p)
             if proposal.eos_last and stops.numel():
@@ -202,11 +227,13 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
             done = done | (x[:, max(lo, P):hi] == eos).any(-1)
             if bool(done.all()):  # one host sync per block
                 break
+        run.active = ~done  # finished rows do not need the clean block's K/V
         policy.block_done(run, lo, hi, last=b == len(run.blocks) - 1)
     if stop_at_eos:
         x[:, P:] = _fill_eos(x[:, P:], eos)
     stats.steps = step
     stats.tokens_committed = decoded  # answer columns decoded, per row
+    stats.row_tokens = (commit_step[:, P:] >= 0).sum(-1)  # (B,)
     stats.tokens_until_eos = tokens_until_eos(x[:, P:], eos)
     stats.first_eos_step = first_eos
     stats.extra["blocks_run"] = blocks_run

@@ -21,6 +21,10 @@ class SampleStats:
     seconds: wall time of the call; forward_seconds: time inside model forwards
         (synchronised on CUDA); the rest is the sampler's own overhead.
     steps: denoising steps taken (commit rounds); tokens_per_step = committed tokens / steps.
+    row_*: (B,) the same costs per row, counted only while the row needs the forward (its block
+        still has [MASK] columns, or it is not finished) and over its real (non-padding) columns,
+        so a row's costs do not depend on the batch it ran in: row_nfe, row_steps,
+        row_positions, row_flops, row_tokens (answer columns the row committed).
     """
 
     nfe: int = 0
@@ -31,6 +35,11 @@ class SampleStats:
     forward_seconds: float = 0.0
     tokens_until_eos: Optional[Tensor] = None
     first_eos_step: Optional[Tensor] = None  # (B,) step at which the first EOS was committed, -1 if never
+    row_nfe: Optional[Tensor] = None  # (B,) long
+    row_steps: Optional[Tensor] = None  # (B,) long
+    row_positions: Optional[Tensor] = None  # (B,) long
+    row_flops: Optional[Tensor] = None  # (B,) long
+    row_tokens: Optional[Tensor] = None  # (B,) long
     extra: dict = field(default_factory=dict)
 
     @property
@@ -42,11 +51,8 @@ class SampleStats:
         return self.tokens_committed / max(self.steps, 1)
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("tokens_until_eos", "first_eos_step", "extra")}
-        if self.tokens_until_eos is not None:
-            out["tokens_until_eos"] = self.tokens_until_eos.tolist()
-        if self.first_eos_step is not None:
-            out["first_eos_step"] = self.first_eos_step.tolist()
+        out = {k: v.tolist() if isinstance(v, Tensor) else v for k, v in self.__dict__.items()
+               if k != "extra" and v is not None}
         out["tokens_per_step"] = self.tokens_per_step
         out.update(self.extra)
         return out

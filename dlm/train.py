@@ -14,9 +14,17 @@ objective defines ``sample_noise``, the noise is drawn once for the global batch
 so N processes take exactly the optimizer step one process would.
 
 Files in ``out_dir``: ``model/`` (``save_fn`` output, EMA weights when enabled; swapped in via a
-temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``
-(lines past the resumed step are dropped; a log window straddling a resume averages only the
-steps after it).
+temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``. All get
+ordinary modes (``0o666`` / ``0o777`` minus the umask, :mod:`dlm.io`). At start the temp files of a
+killed run are removed (and printed) and ``metrics.jsonl`` keeps only records up to the resumed
+step (none on a fresh start), so a rerun never logs a step twice; a log window straddling a resume
+averages only the steps after it.
+
+Resuming never changes the recipe silently: every TrainConfig field but :data:`RESUMABLE_FIELDS`,
+plus the caller's ``recipe`` dict (data, objective, model shape, ...: the scripts pass their
+flags), must equal the checkpoint's, else ValueError naming each field with both values
+(:func:`check_resume`). ``force_recipe=True`` continues with the new values and appends
+``{"step", "changed"}`` to the run's ``recipe_changes``, stored with every later checkpoint.
 """
 
 from __future__ import annotations
@@ -24,8 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -38,13 +44,14 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .ema import EMA
+from .io import atomic_path, remove_leftover_temps, write_dir
+from .resume import (RESUMABLE_FIELDS, as_recipe, check_shapes, flag_recipe,  # noqa: F401
+                     check_recipe, trim_metrics)
 
 PRECISIONS = ("fp32", "bf16")
 STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
 METRICS_FILE = "metrics.jsonl"
-# fields that may change between a run and its resumption
-_RESUMABLE_CHANGES = ("eval_every", "save_every", "log_every", "out_dir", "compile", "micro_batch_size")
 
 BatchSource = Union[Callable[[int, torch.Generator], dict], Iterable[dict]]
 
@@ -181,57 +188,29 @@ def _default_save(model: nn.Module, tokenizer, out_dir: str) -> None:
 
 
 def _atomic_torch_save(obj, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=os.path.dirname(path))
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
-def _atomic_save_dir(save_fn: Callable, model: nn.Module, tokenizer, target: str) -> None:
-    """``save_fn`` into a temp dir beside ``target``, then swap it in by renames.
+def check_resume(config: TrainConfig, recipe: Optional[dict] = None, force_recipe: bool = False) -> list[dict]:
+    """Check, before anything is built, that a run may resume from ``config.out_dir``.
 
-    ``target`` is never partially written: it is either the previous complete export or the new
-    one (briefly absent between the two renames, never half-written)."""
-    parent = os.path.dirname(target)
-    tmp = tempfile.mkdtemp(prefix="tmp-", dir=parent)
-    try:
-        save_fn(model, tokenizer, tmp)
-        old = None
-        if os.path.exists(target):
-            old = tempfile.mkdtemp(prefix="old-", dir=parent)
-            os.rmdir(old)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _trim_metrics(path: str, step: int) -> None:
-    """Drop log lines past ``step`` (written after the checkpoint a run resumes from)."""
+    The recipe is every TrainConfig field but :data:`RESUMABLE_FIELDS`, plus ``recipe`` (a
+    JSON-able dict; the scripts pass :func:`flag_recipe`). Returns the run's recipe changes
+    ``[{"step": s, "changed": {name: [checkpoint value, new value]}}]`` ([] for a fresh run), with
+    this resume's change appended when ``force_recipe`` allows one; otherwise a change is a
+    ValueError naming each differing field and both values. :func:`train` runs the same check.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not isinstance(force_recipe, bool):
+        raise TypeError(f"force_recipe must be a bool, got {force_recipe!r}")
+    recipe = as_recipe(recipe)
+    path = os.path.join(config.out_dir, STATE_FILE)
     if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
-
-
-def _check_resume(saved: dict, config: TrainConfig) -> None:
-    now = asdict(config)
-    diff = [k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]
-            and not (k == "betas" and tuple(saved.get(k, ())) == now[k])]
-    if diff:
-        raise ValueError(f"cannot resume {config.out_dir}: config fields changed: {diff}")
+        return []
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return check_recipe(state, config, recipe, force_recipe)
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,15 +253,22 @@ def train(
     tokenizer=None,
     eval_fn: Optional[Callable[[nn.Module], dict]] = None,
     save_fn: Optional[Callable] = None,
+    recipe: Optional[dict] = None,
+    force_recipe: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place for ``config.max_steps`` optimizer steps (resuming from
     ``config.out_dir/trainer_state.pt`` if present) and return a :class:`TrainResult`.
 
     save_fn(model, tokenizer, dir) exports the model (default ``dlm.checkpoints.save_model``);
     eval_fn(model) -> dict runs on rank 0 under ``no_grad`` on the EMA weights when enabled.
+    recipe / force_recipe: see :func:`check_resume`; the recipe and its recorded changes are
+    stored in ``trainer_state.pt``.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not isinstance(force_recipe, bool):
+        raise TypeError(f"force_recipe must be a bool, got {force_recipe!r}")
+    recipe = as_recipe(recipe)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(objective):
@@ -308,19 +294,27 @@ def train(
     metrics_path = os.path.join(out_dir, METRICS_FILE)
     if info.is_main:
         os.makedirs(out_dir, exist_ok=True)
+        removed = remove_leftover_temps(out_dir)
+        if removed:
+            print(f"{out_dir}: removed temp files of an interrupted run: {', '.join(removed)}")
     distributed.barrier(info)
 
-    step, tokens_seen = 0, 0
+    step, tokens_seen, recipe_changes = 0, 0, []
     if os.path.exists(state_path):
         state = torch.load(state_path, map_location=device, weights_only=True)
-        _check_resume(state["config"], config)
+        recipe_changes = check_recipe(state, config, recipe, force_recipe)
+        check_shapes(state["model"], model, out_dir)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        if ema is not None:
+        for i, group in enumerate(optimizer.param_groups):  # a forced change of these takes effect
+            group.update(betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay if i == 0 else 0.0)
+        if ema is not None and state.get("ema") is not None:
             ema.load_state_dict(state["ema"])
+        elif ema is not None:  # EMA switched on by a forced change: it starts at the resumed weights
+            ema = EMA(model, config.ema_decay)
         step, tokens_seen = state["step"], state["tokens_seen"]
-        if info.is_main:
-            _trim_metrics(metrics_path, step)
+    if info.is_main:
+        trim_metrics(metrics_path, step)
 
     fwd = distributed.wrap(model, info)
     if config.compile:
@@ -331,15 +325,15 @@ def train(
     def checkpoint() -> None:
         if info.is_main:
             if ema is None:
-                _atomic_save_dir(save_fn, model, tokenizer, os.path.join(out_dir, MODEL_DIR))
+                write_dir(os.path.join(out_dir, MODEL_DIR), lambda d: save_fn(model, tokenizer, d))
             else:
                 with ema.applied_to(model):
-                    _atomic_save_dir(save_fn, model, tokenizer, os.path.join(out_dir, MODEL_DIR))
+                    write_dir(os.path.join(out_dir, MODEL_DIR), lambda d: save_fn(model, tokenizer, d))
             _atomic_torch_save({
                 "step": step, "tokens_seen": tokens_seen, "config": asdict(config),
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "ema": None if ema is None else ema.state_dict(),
-                "world_size": info.world_size,
+                "world_size": info.world_size, "recipe": recipe, "recipe_changes": recipe_changes,
             }, state_path)
         distributed.barrier(info)
 

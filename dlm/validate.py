@@ -43,6 +43,9 @@ def prepare_batch(model, input_ids: Tensor, attention_mask: Optional[Tensor], ge
     """Validate a (left-padded) prompt batch and append ``gen_length`` mask columns."""
     cfg = model.config
     mask_id = cfg.mask_token_id if mask_id is None else mask_id
+    check_int("mask_id", mask_id, 0)
+    if mask_id >= cfg.vocab_size:
+        raise ValueError(f"mask_id={mask_id} is outside the model's vocabulary [0, {cfg.vocab_size})")
     if not isinstance(input_ids, Tensor) or input_ids.dtype not in (torch.long, torch.int32, torch.int64):
         raise TypeError("input_ids must be an integer torch.Tensor of shape (B, P)")
     if input_ids.dim() != 2:
@@ -53,12 +56,22 @@ def prepare_batch(model, input_ids: Tensor, attention_mask: Optional[Tensor], ge
     if P + gen_length > cfg.max_seq_len:
         raise ValueError(f"prompt length {P} + gen_length {gen_length} exceeds the model's "
                          f"max_seq_len={cfg.max_seq_len}")
+    bad = (input_ids < 0) | (input_ids >= cfg.vocab_size)  # (B, P), padding columns included
+    if bool(bad.any()):
+        r, c = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"input_ids[{r}, {c}] = {int(input_ids[r, c])} is outside the model's vocabulary "
+                         f"[0, {cfg.vocab_size}) (padding columns too: pad with a real id)")
     device = input_ids.device
     if attention_mask is not None:
         if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
             got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
             raise ValueError(f"attention_mask must have the shape of input_ids {(B, P)}, got {got}")
+        if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError("attention_mask must be bool or integer 0/1 (1 = real token), got "
+                             f"{attention_mask.dtype} with values {sorted(set(attention_mask.flatten().tolist()))[:5]}")
         attention_mask = attention_mask.to(device=device, dtype=torch.long)
+        if bool((attention_mask[:, 1:] < attention_mask[:, :-1]).any()):
+            raise ValueError("attention_mask must be left padding: each row 0s (padding) then 1s (the prompt)")
         if bool((attention_mask.sum(-1) == 0).any()):
             raise ValueError("attention_mask: a row has no real prompt token (empty prompt)")
         real = attention_mask.bool()

@@ -183,6 +183,16 @@ def summarize(runs: list[PromptDrift]) -> dict:
             "nfe": float(np.mean([r.nfe for r in runs])), "positions": float(np.mean([r.positions for r in runs]))}
 
 
+def _num(x: float, spec: str) -> str:
+    """``x`` for a table: rounded to the shown precision first (``.6f``) or, in ``e`` notation,
+    zero below 1e-12, so float noise cannot print ``-0.000000`` or a stray ``1e-17`` for 0."""
+    if spec.endswith("e"):
+        x = 0.0 if abs(x) < 1e-12 else x
+    else:
+        x = round(x, int(spec.strip(".f")))
+    return f"{x + 0.0:{spec}}"  # + 0.0: -0.0 -> 0.0
+
+
 def markdown(config: dict, summaries: dict) -> str:
     lines = [f"# KV-cache drift: {config['run']}", "",
              f"cache `{config['cache']}`, gen {config['gen']}, block {config['block']}, "
@@ -190,15 +200,15 @@ def markdown(config: dict, summaries: dict) -> str:
              "| refresh | full steps | mean KL | max KL | committed differ | first divergence | NFE | positions |",
              "|---|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in summaries.items():
-        lines.append(f"| {name} | {s['full_step_fraction']:.2f} | {s['kl_mean']:.3e} | {s['kl_max']:.3e} | "
-                     f"{s['commit_differ_rate']:.3f} | {s['first_divergence']} | {s['nfe']:.0f} "
-                     f"| {s['positions']:.0f} |")
+        lines.append(f"| {name} | {_num(s['full_step_fraction'], '.2f')} | {_num(s['kl_mean'], '.3e')} | "
+                     f"{_num(s['kl_max'], '.3e')} | {_num(s['commit_differ_rate'], '.3f')} | {s['first_divergence']} "
+                     f"| {_num(s['nfe'], '.0f')} | {_num(s['positions'], '.0f')} |")
     lines += ["", "Per layer (mean over steps): K cos / K rel. error / V cos / V rel. error", "",
               "| refresh | layer | K cos | K err | V cos | V err |", "|---|---:|---:|---:|---:|---:|"]
     for name, s in summaries.items():
         layers = zip(*(s[f"{m}_by_layer"] for m in ("k_cos", "k_err", "v_cos", "v_err")))
         for i, vals in enumerate(layers):
-            lines.append(f"| {name} | {i} | " + " | ".join(f"{v:.6f}" for v in vals) + " |")
+            lines.append(f"| {name} | {i} | " + " | ".join(_num(v, ".6f") for v in vals) + " |")
     return "\n".join(lines) + "\n"
 
 

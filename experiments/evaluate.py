@@ -7,17 +7,22 @@ already in the log are skipped, and samples already there must come from the sam
 weights (:func:`check_resumable`). The GSM8K harness, the testbed, the BD3-LM block-size study
 and the training scripts' held-out evaluation all call it.
 
-Record: ``id, index, strategy, config_hash, seed, prompt_length, prediction, extracted,
-extracted_flexible, target, correct, correct_flexible, nfe, positions_computed, tokens_until_eos,
-tokens_committed, steps, first_eos_step, tail_before_answer, seconds, batch_rows, factors,
-git_sha, model_weights`` plus the caller's tags. ``seconds`` is the batch's sampler wall time
-divided among its rows; ``nfe``/``steps``/``positions_computed`` are the batch's (the rows of a
-batch share their forwards). Files written before this format name the text ``output``:
-:func:`prediction` reads both.
+Record: ``id, index, strategy, config_hash, seed, problem, prompt_length, prediction, extracted,
+extracted_flexible, target, correct, correct_flexible, nfe, steps, positions_computed, flops,
+tokens_committed, tokens_until_eos, first_eos_step, tail_before_answer, seconds, batch_rows,
+cost_basis, factors, git_sha, model_weights`` plus the caller's tags. ``problem`` fingerprints
+the question and target (a resume over edited data is refused). ``nfe``, ``steps``,
+``positions_computed``, ``flops`` and ``tokens_committed`` are the row's own
+(``cost_basis: "row"``, :class:`dlm.stats.SampleStats` ``row_*``: the same at any batch size);
+``seconds`` is the batch's sampler wall time divided among its rows (it does depend on the batch
+size, recorded as ``batch_rows``). Files written before this format name the text ``output`` and
+hold batch-level costs: :func:`prediction` reads both; such a file is not extended.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from pathlib import Path
@@ -47,6 +52,24 @@ def existing_records(path: Path) -> dict[str, dict]:
     return out
 
 
+def fingerprint(p: Problem) -> str:
+    """Content fingerprint of a problem (question and target): ids are positions in a data file."""
+    return hashlib.sha1(json.dumps([p.question, p.target_str]).encode()).hexdigest()[:12]
+
+
+def check_same_problems(records: dict[str, dict], problems: Sequence[Problem], path) -> None:
+    """Every recorded sample must be of the same problem as now (fingerprint, or the target for
+    records written before fingerprints); refuses with the first differing id."""
+    for p in problems:
+        r = records.get(p.id)
+        if r is None:
+            continue
+        same = r["problem"] == fingerprint(p) if "problem" in r else str(r.get("target")) == p.target_str
+        if not same:
+            raise ValueError(f"--data: {path} holds sample {p.id} of another problem (the data changed since it "
+                             f"was written: target {r.get('target')!r}, now {p.target_str!r}); use another --out")
+
+
 def check_resumable(records: dict[str, dict], path, config_hash: str, weights: Optional[str]) -> None:
     """The samples already recorded must come from this config and these weights (records from
     before weights were recorded carry none and pass on the config hash alone)."""
@@ -68,22 +91,24 @@ def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Proble
     """Per-sample records of one sampler call over the rows ``idx`` (indices into ``problems``)."""
     P, st = mask.shape[1], out.stats
     stops = stop_ids(model)
+    row = {k: getattr(st, f"row_{k}").tolist() for k in ("nfe", "steps", "positions", "flops", "tokens")}
     tails = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id).tolist()
     first_eos = st.first_eos_step.tolist()
     records = []
-    for row, i in enumerate(idx):
+    for j, i in enumerate(idx):
         p = problems[i]
-        text = decode_until_stop(tokenizer, out.sequences[row, P:].tolist(), stops)
+        text = decode_until_stop(tokenizer, out.sequences[j, P:].tolist(), stops)
         records.append({
-            "id": p.id, "index": i, "strategy": strategy.name, **tags, "prompt_length": int(mask[row].sum()),
-            "prediction": text, "extracted": extract_strict(text), "extracted_flexible": extract_flexible(text),
-            "target": p.target_str, "correct": bool(is_correct(text, p.target)),
+            "id": p.id, "index": i, "strategy": strategy.name, **tags, "problem": fingerprint(p),
+            "prompt_length": int(mask[j].sum()), "prediction": text, "extracted": extract_strict(text),
+            "extracted_flexible": extract_flexible(text), "target": p.target_str,
+            "correct": bool(is_correct(text, p.target)),
             "correct_flexible": bool(is_correct(text, p.target, mode="flexible")),
-            "nfe": st.nfe, "positions_computed": st.positions_computed,
-            "tokens_until_eos": int(st.tokens_until_eos[row]), "tokens_committed": st.tokens_committed,
-            "steps": st.steps, "first_eos_step": int(first_eos[row]),
-            "tail_before_answer": None if math.isnan(tails[row]) else round(tails[row], 4),
-            "seconds": seconds, "batch_rows": len(idx), "factors": factors(strategy)})
+            "nfe": row["nfe"][j], "steps": row["steps"][j], "positions_computed": row["positions"][j],
+            "flops": row["flops"][j], "tokens_committed": row["tokens"][j],
+            "tokens_until_eos": int(st.tokens_until_eos[j]), "first_eos_step": int(first_eos[j]),
+            "tail_before_answer": None if math.isnan(tails[j]) else round(tails[j], 4),
+            "seconds": seconds, "batch_rows": len(idx), "cost_basis": "row", "factors": factors(strategy)})
     return records
 
 
@@ -92,8 +117,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
              shots: Sequence[Problem] = (), chat_template: bool = False, batch_size: int = 32, seed: int = 0,
              config_hash: Optional[str] = None, weights: Optional[str] = None, tags: Optional[dict] = None,
              indices: Optional[Sequence[int]] = None, done: Optional[dict] = None,
-             clock: Callable[[], float] = time.perf_counter, progress: Optional[Callable[[dict], None]] = None
-             ) -> list[dict]:
+             clock: Callable[[], float] = time.perf_counter, progress: Optional[Callable[[dict], None]] = None,
+             callback=None) -> list[dict]:
     """Decode ``problems[indices]`` (default: all) with ``strategy``; returns this call's records.
 
     log: append each batch's records there (a rerun skips the ids already in ``log`` or ``done``;
@@ -101,7 +126,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
     None keeps them in memory. Each batch's noise comes from a generator seeded with
     ``seed * 1_000_003 + first index`` (the batch, not the call, fixes the tokens).
     tags: recorded with every sample (plus ``config_hash``, ``seed``, ``git_sha``,
-    ``model_weights`` when given). progress(tally) is called after every batch.
+    ``model_weights`` when given). progress(tally) is called after every batch; callback(view)
+    after every denoising step (:class:`dlm.sample.StepView`, e.g. for a progress display).
     """
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
@@ -111,6 +137,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
     if log is not None:
         done.update({r["id"]: r for r in log.records})
         check_resumable(done, log.path, config_hash, weights)
+    check_same_problems(done, problems, "the results file" if log is None else log.path)
     tags = {**(tags or {}), **({} if config_hash is None else {"config_hash": config_hash}), "seed": seed}
     tail = {} if log is None else {"git_sha": git_sha(), "model_weights": weights}
     device = next(model.parameters()).device
@@ -122,6 +149,10 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
         raise ValueError(f"the longest prompt ({longest} tokens, {len(shots)} shots) + gen_length "
                          f"{strategy.gen_length} exceeds max_seq_len={limit}")
     order = list(range(len(problems))) if indices is None else list(indices)
+    todo = [i for i in order if problems[i].id not in done]
+    if todo and any(r.get("cost_basis") != "row" for r in done.values()):
+        raise ValueError(f"--out: {'the results' if log is None else log.path} holds samples with batch-level costs "
+                         "(written before per-row accounting); extending it would mix the two: use another --out")
     fresh_all: list[dict] = []
     for lo in range(0, len(order), batch_size):
         idx = order[lo:lo + batch_size]
@@ -132,7 +163,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + idx[0])
         _sync(device)
         t0 = clock()
-        out = strategy.run(model, ids, mask, generator=gen)  # sequences (b, P + G)
+        out = strategy.run(model, ids, mask, generator=gen, callback=callback)  # sequences (b, P + G)
         _sync(device)
         seconds = (clock() - t0) / len(idx)
         fresh = [{**r, **tail} for r in make_records(tokenizer, model, strategy, problems, idx, out, mask,

@@ -49,7 +49,7 @@ PRESETS = ("baseline", "fastdllm", "bd3lm")
 CACHES = ("none", "prefix", "dual", "exact")
 RULES = ("topk", "threshold", "factor", "first_hitting", "ancestral")
 DEFAULT_BLOCK = 32
-DEFAULT_PROMPT = "Ann has 12 apples. She buys 7 more. How many apples does Ann have?"
+DEFAULT_PROMPT = "Ann has 3 apples. She buys 4 more. How many apples does Ann have?"  # in the embedded model's range
 
 #: on_block(block_index, tokens (B, n)): a block of the answer became final
 BlockHook = Callable[[int, Tensor], None]

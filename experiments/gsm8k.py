@@ -20,7 +20,7 @@ fastdllm_prefix_threshold fastdllm_dual_threshold bd3lm; grid ``factorial`` = th
 cells of cache x parallel x stop_at_eos x block size. ``bd3lm`` runs its block-causal model from
 --bd3-model and is skipped with a message without it.
 
-Outputs under --out: ``<strategy>.jsonl``, one line per sample (id, strategy, config hash,
+Outputs under --out (default: a new folder ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one line per sample (id, strategy, config hash,
 prompt length, output, extracted answer, target, correct, nfe, positions computed, tokens until
 EOS, seconds, seed, ...) appended batch by batch; a rerun skips the ids already written (a
 different config for the same strategy and --out is refused). Multi-process runs write
@@ -35,6 +35,7 @@ sampler calls (each batch's time divided among its rows), the same for every str
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -49,7 +50,7 @@ from dlm import distributed
 from dlm.tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
 from experiments.cli import DTYPES, device_of, dtype_of, set_threads
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
-                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
+                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
 from experiments.evaluate import check_resumable, evaluate, existing_records
 from experiments.strategy import GRIDS, STRATEGY_NAMES, Strategy, resolve
 
@@ -119,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.9, help="Fast-dLLM threshold rule tau (default 0.9)")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor rule f (default 1.0)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    p.add_argument("--out", default=None, help="results directory (default results/gsm8k_<data>)")
+    p.add_argument("--out", default=None,
+                   help="results directory (default: a new runs/gsm8k_<data>_<date-time>; committed results in "
+                        "results/ are only written when named explicitly, as experiments.reproduce does)")
     p.add_argument("--device", default=None, help="torch device (default: cuda[:LOCAL_RANK] if available, else cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="parameter dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
@@ -157,7 +160,7 @@ def parse_config(argv=None) -> HarnessConfig:
     if a.baseline not in STRATEGY_NAMES:
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(a.out) if a.out else REPO / "results" / f"gsm8k_{_data_tag(a.data)}"
+    out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
                          device, a.dtype, a.threads)
@@ -245,7 +248,8 @@ def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, s
                          f"longest prompt ({longest} tokens) + gen length exceeds max_seq_len={limit} "
                          f"of {loaded.source}")
     config = {"strategy": strategy.as_dict(), "model": str(loaded.source), "data": cfg.data,
-              "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed, "dtype": cfg.dtype}
+              "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed,
+              "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch.")}  # auto resolved
     return Job(strategy, loaded, config, config_hash(config))
 
 
@@ -254,7 +258,6 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
     name = job.strategy.name
     path = cfg.out / f"{name}.jsonl"
     done = existing_records(path)
-    log = JsonlLog(rank_log_path(path, info.rank) if info.enabled else path)
     mine = [i for i in range(len(problems)) if i % info.world_size == info.rank]
     old = [done[problems[i].id] for i in mine if problems[i].id in done]
     tally = {"n": len(old), "correct": sum(r["correct"] for r in old),
@@ -271,10 +274,20 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         bar.set_postfix(acc=f"{tally['correct'] / max(tally['n'], 1):.3f}",
                         tok_s=f"{tally['tokens'] / max(tally['seconds'], 1e-9):.1f}")
 
-    evaluate(job.loaded.model, job.loaded.tokenizer, problems, job.strategy, log, shots=shots,
-             chat_template=job.config["chat_template"], batch_size=cfg.batch_size, seed=cfg.seed,
-             config_hash=job.config_hash, weights=job.loaded.weights, indices=mine, done=done, clock=clock,
-             progress=progress)
+    last = [0.0]
+
+    def on_step(view) -> None:  # inside a batch: show the denoising step, at most twice a second
+        now = time.monotonic()
+        if bar.disable or now - last[0] < 0.5:
+            return
+        last[0] = now
+        bar.set_postfix_str(f"batch step {view.global_step + 1}, block {view.block + 1}", refresh=True)
+
+    with JsonlLog(rank_log_path(path, info.rank) if info.enabled else path) as log:  # holds its lock
+        evaluate(job.loaded.model, job.loaded.tokenizer, problems, job.strategy, log, shots=shots,
+                 chat_template=job.config["chat_template"], batch_size=cfg.batch_size, seed=cfg.seed,
+                 config_hash=job.config_hash, weights=job.loaded.weights, indices=mine, done=done, clock=clock,
+                 progress=progress, callback=on_step)
     bar.close()
     distributed.barrier(info)
     if info.is_main and (info.enabled or rank_log_paths(path)):
@@ -288,6 +301,8 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
     for j in jobs:
         strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config,
                                        "model_weights": j.loaded.weights}
+    if prev and json.dumps(strategies, default=str) == json.dumps(prev.get("strategies"), default=str):
+        return  # nothing new: keep the commit and command that wrote these strategies
     meta = {"git_sha": sha, "argv": sys.argv[1:], "baseline": cfg.baseline, "strategies": strategies}
     atomic_write_text(path, json.dumps(meta, indent=2, default=str) + "\n")
 
@@ -295,37 +310,46 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
 def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> list[str]:
     """Run every strategy of ``cfg`` (resumable) and rebuild the report; returns the strategies run.
 
-    ``clock`` times the sampler calls (tests pass a fake clock for reproducible tables)."""
+    ``clock`` times the sampler calls (tests pass a fake clock for reproducible tables). The main
+    process holds the lock of ``--out`` for the whole run (:func:`experiments.common.results_lock`):
+    a second run into the same folder fails at once, naming this one's pid."""
     info = distributed.init()
     try:
-        set_threads(cfg.threads)
-        device = device_of(cfg.device)
-        if info.enabled and device.type == "cuda":
-            device = torch.device("cuda", info.local_rank)
-        problems, shots = load_problems(cfg), load_shots(cfg)
-        strategies = list(cfg.strategies)
-        if cfg.bd3_model is None and any(is_bd3(s) for s in strategies):
-            if info.is_main:
-                print("bd3lm: skipped (no --bd3-model given)", file=sys.stderr)
-            strategies = [s for s in strategies if not is_bd3(s)]
-        main_model, bd3_model = load_models(cfg, strategies, device)
-        jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
-        for j in jobs:  # every file is checked before any compute
-            path = cfg.out / f"{j.strategy.name}.jsonl"
-            check_resumable(existing_records(path), path, j.config_hash, j.loaded.weights)
-        sha = git_sha()
         if info.is_main:
-            write_config(cfg, jobs, sha)
-        for j in jobs:
-            run_job(j, problems, shots, cfg, info, clock)
-        distributed.barrier(info)
-        if info.is_main and jobs:
-            from experiments.report import build_report
-
-            print(build_report(cfg.out, baseline=cfg.baseline).table_md)
-        return [j.strategy.name for j in jobs]
+            cfg.out.mkdir(parents=True, exist_ok=True)
+        with results_lock(cfg.out) if info.is_main else contextlib.nullcontext():
+            return _run(cfg, info, clock)
     finally:
         distributed.cleanup()
+
+
+def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
+    set_threads(cfg.threads)
+    device = device_of(cfg.device)
+    if info.enabled and device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+    problems, shots = load_problems(cfg), load_shots(cfg)
+    strategies = list(cfg.strategies)
+    if cfg.bd3_model is None and any(is_bd3(s) for s in strategies):
+        if info.is_main:
+            print("bd3lm: skipped (no --bd3-model given)", file=sys.stderr)
+        strategies = [s for s in strategies if not is_bd3(s)]
+    main_model, bd3_model = load_models(cfg, strategies, device)
+    jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
+    for j in jobs:  # every file is checked before any compute
+        path = cfg.out / f"{j.strategy.name}.jsonl"
+        check_resumable(existing_records(path), path, j.config_hash, j.loaded.weights)
+    sha = git_sha()
+    if info.is_main:
+        write_config(cfg, jobs, sha)
+    for j in jobs:
+        run_job(j, problems, shots, cfg, info, clock)
+    distributed.barrier(info)
+    if info.is_main and jobs:
+        from experiments.report import build_report
+
+        print(build_report(cfg.out, baseline=cfg.baseline).table_md)
+    return [j.strategy.name for j in jobs]
 
 
 def main(argv=None) -> None:

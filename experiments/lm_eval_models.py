@@ -31,6 +31,8 @@ generator seeded with ``seed``, so the choices of one question share random numb
 
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
 from typing import Optional
 
@@ -307,10 +309,31 @@ class BD3LMEvalLM(DiffusionEvalLM):
         return bool(torch.equal(out.sequences[0, prefix.numel():prefix.numel() + L].cpu(), target))
 
 
-def main() -> None:
-    """lm-eval's CLI with ``fastdllm`` and ``bd3lm`` registered."""
+def model_args_help() -> str:
+    """The ``--model_args`` of the two models with their defaults (read off the signatures)."""
+    lines = ["model_args of this project (comma-separated key=value after --model_args):"]
+    for name, cls in (("fastdllm", FastDLLMEvalLM), ("bd3lm", BD3LMEvalLM)):
+        params = inspect.signature(cls.__init__).parameters.values()
+        args = ", ".join(f"{p.name}={p.default!r}" for p in params if p.name not in ("self", "max_batch_size"))
+        lines.append(f"  --model {name}: {args}")
+    lines.append("device defaults to cuda when available, else cpu. The embedded checkpoints are tiny arithmetic "
+                 "models: expect ~0% on real GSM8K (use --tasks gsm8k_local with --include_path "
+                 "experiments/lm_eval_tasks for the embedded task).")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """lm-eval's CLI with ``fastdllm`` and ``bd3lm`` registered; ``--help`` starts with this
+    project's model args; ``--device`` defaults to what is available (lm-eval's own default is
+    cuda:0, which warns and falls back on a CPU-only machine)."""
     from lm_eval.__main__ import cli_evaluate
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        print(__doc__ + "\n" + model_args_help() + "\n\nlm-eval's own options follow.\n")
+    elif "--device" not in argv:
+        argv += ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
+    sys.argv = [sys.argv[0], *argv]
     cli_evaluate()
 
 

@@ -26,6 +26,13 @@ hash and seed in each; a rerun skips finished ids; another config under the same
 ``.md``/``.csv``/``.png``; exported bf16 checkpoints ``<out>/checkpoints/perplexity-<run>-<model>/``;
 trainer state under ``--work`` (default ``runs/perplexity-<run>/``).
 
+Data are named (:mod:`experiments.perplexity_config`): ``--train`` / ``--test`` take
+``<dataset>:<split>`` of the data mirror (``lm1b-sample:dev``, ``wikitext-2:test``, ``ptb:valid``, ...;
+found in ``$DLM_SHARED_DATA`` or ``../shared/data`` beside the checkout, a symlink is fine), a text
+file of your own or a HF dataset name; the config hash holds the name and the content fingerprint,
+never a path. The data are read (and checked against the fingerprint) only when something is left
+to compute: with every result of the config recorded, ``eval`` just rebuilds the tables.
+
 Presets: ``laptop`` (lm1b-sample dev -> train, test -> eval, bert-base-uncased, L=128, d=64
 tied-embedding models of 2.2M parameters, 4.3 MB per bf16 checkpoint; fp32 on CPU) - see
 README for the measured budget; ``lm1b`` / ``owt``: the paper's settings (HF datasets, 12 x 768
@@ -35,7 +42,6 @@ Transformer, batch 512, 1M steps, bf16, GPUs, torchrun).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from dataclasses import replace
@@ -47,8 +53,8 @@ import torch
 from bd3lm.schedules import check_grid
 from dlm import distributed
 from experiments.common import REPO
-from experiments.perplexity_config import DEFAULT_MODELS, PRESETS, RunConfig, model_block
-from experiments.perplexity_jobs import Paths, eval_model, load_data, open_log, plan_jobs, train_job
+from experiments.perplexity_config import DEFAULT_MODELS, PRESETS, RunConfig, model_block, name_source, name_tokenizer
+from experiments.perplexity_jobs import Paths, eval_model, load_data, open_log, pending, plan_jobs, train_job
 from experiments.perplexity_report import write_report
 
 COMMANDS = ("all", "train", "eval", "report")
@@ -92,11 +98,6 @@ def _positive(flag: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{flag} must be an int >= {minimum}, got {value!r}")
 
 
-def _is_local(source: str) -> bool:
-    """A text file rather than a HF dataset name such as ``lm1b`` or ``Skylion007/openwebtext``."""
-    return source.startswith((os.sep, ".", "~")) or Path(source).suffix in (".tokens", ".txt", ".jsonl")
-
-
 def parse_config(argv=None) -> RunConfig:
     """Parse and validate the command line; bad values raise ValueError naming the flag."""
     a = build_parser().parse_args(argv)
@@ -123,8 +124,13 @@ def parse_config(argv=None) -> RunConfig:
     base = PRESETS[a.preset]()
     pick = lambda v, d: d if v is None else v  # noqa: E731
     d0, t0, e0, m0 = base["data"], base["train"], base["eval"], base["arch"]
-    data = replace(d0, train=pick(a.train, d0.train), test=pick(a.test, d0.test),
-                   tokenizer=pick(a.tokenizer, d0.tokenizer), seq_len=pick(a.seq_len, d0.seq_len),
+    named = {"train": name_source(pick(a.train, d0.train), "--train", check=a.command != "report"),
+             "test": name_source(pick(a.test, d0.test), "--test", check=a.command != "report"),
+             "tokenizer": name_tokenizer(pick(a.tokenizer, d0.tokenizer))}
+    data = replace(d0, train=named["train"][0], test=named["test"][0], tokenizer=named["tokenizer"][0],
+                   fingerprints=tuple((role, fp) for role, (_, fp, _) in named.items() if fp),
+                   paths=tuple((role, path) for role, (_, _, path) in named.items() if path),
+                   seq_len=pick(a.seq_len, d0.seq_len),
                    max_train_lines=pick(a.max_train_lines, d0.max_train_lines),
                    max_test_lines=pick(a.max_test_lines, d0.max_test_lines),
                    val_chunks=pick(a.val_chunks, d0.val_chunks))
@@ -171,9 +177,6 @@ def parse_config(argv=None) -> RunConfig:
             raise ValueError(f"--var-models: only bd<k> models have a clipped schedule, got {name!r}")
     if a.command in ("all", "train") and data.val_chunks < 1 and tspec.clip_search:
         raise ValueError("--val-chunks must be >= 1 for the clipping search (or --search-every 0)")
-    for flag, src in (("--train", data.train), ("--test", data.test)):
-        if a.command != "report" and _is_local(src) and not Path(src).is_file():
-            raise ValueError(f"{flag}: file {src!r} does not exist")
     out = Path(a.out) if a.out else REPO / "results"
     work = Path(a.work) if a.work else REPO / "runs" / f"perplexity-{run}"
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -193,6 +196,10 @@ def run(cfg: RunConfig) -> Optional[Path]:
     info = distributed.init()
     try:
         log = open_log(cfg, paths) if info.is_main else None
+        todo = pending(cfg, paths)
+        if not todo:  # every result recorded under this config: the tables only, no data, no model
+            print(f"[perplexity] {paths.jsonl}: every {cfg.command} result of this config is recorded", flush=True)
+            return write_report(paths.out, cfg.run) if info.is_main else None
         data = load_data(cfg)
         if cfg.command in ("all", "train"):
             for job in plan_jobs(cfg):

@@ -3,10 +3,18 @@
 Frozen dataclasses; :data:`PRESETS` maps ``laptop`` / ``lm1b`` / ``owt`` to their defaults
 (the command line overrides single fields). Model names: ``ar`` (L'=1), ``bd<k>`` (L'=k),
 ``mdlm`` (L'=L); :func:`model_block` validates them against L.
+
+Data are named, never located: a config (and its hash) holds ``<dataset>:<split>`` of
+:data:`DATASETS` (e.g. ``lm1b-sample:dev``) with the sha256 fingerprint of its file, ``file:<name>``
+with the fingerprint of a text file of the user's own, or a Hugging Face dataset name. Named files
+are looked up in the data mirror (:func:`data_root`: ``$DLM_SHARED_DATA``, else ``../shared/data``
+beside the checkout; a symlink is fine) only when they are read, and their content is checked
+against the fingerprint then (:func:`locate`), so a run whose results are all recorded needs no data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -16,18 +24,135 @@ from typing import Optional
 from bd3lm.schedules import DEFAULT_GRID
 from experiments.common import REPO
 
-SHARED = Path(os.environ.get("DLM_SHARED_DATA") or REPO.parent / "shared" / "data")
 DEFAULT_MODELS = ("ar", "bd4", "bd8", "bd16", "mdlm")
 #: Table 2 rows: (label, beta, omega); the searched clipping is appended per model.
 FIXED_SCHEDULES = (("U[0,1]", 0.0, 1.0), ("U[.3,.8]", 0.3, 0.8), ("U[.5,1]", 0.5, 1.0))
 #: laptop clipping-search grid (DEFAULT_GRID's 21 pairs cost too much on a CPU)
 LAPTOP_GRID = ((0.0, 1.0), (0.3, 0.8), (0.5, 1.0), (0.2, 0.9), (0.45, 0.95), (0.3, 1.0))
+#: text datasets of the data mirror: name -> split -> (file under <mirror>/<name>/, sha256 of its
+#: content), as listed in the mirror's SOURCES.md
+DATASETS = {
+    "lm1b-sample": {
+        "dev": ("1b_benchmark.dev.tokens", "17cb1e765cc0ccbf2b25d6dfd5e7d03bc776882e579e77ed9626d65eb3bbdec7"),
+        "test": ("1b_benchmark.test.tokens", "63c566dee364763db09e6bb9abd83f77830c4932fc852bf2f9a563b527654fd0")},
+    "wikitext-2": {
+        "valid": ("valid.txt", "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8"),
+        "test": ("test.txt", "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0")},
+    "wikitext-2-raw": {
+        "test": ("test.joined.txt", "696cca6b65a171b0a358a4be6732cdfdf2dd6164a32e20fd70e3c13fc4dfae83")},
+    "ptb": {
+        "valid": ("ptb.valid.txt", "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2"),
+        "test": ("ptb.test.txt", "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0")},
+    "tinyshakespeare": {
+        "all": ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")},
+}
+
+
+def data_root() -> Path:
+    """The data mirror: ``$DLM_SHARED_DATA``, else ``shared/data`` beside the checkout."""
+    return Path(os.environ.get("DLM_SHARED_DATA") or REPO.parent / "shared" / "data")
+
+
+def fingerprint(path: Path) -> str:
+    """``sha256:<hex>`` of a file's content (of a directory: its files' names and contents)."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        if path.is_dir():
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
+def is_local(source: str) -> bool:
+    """A text file rather than a named dataset or a HF dataset name such as ``Skylion007/openwebtext``."""
+    return source.startswith((os.sep, ".", "~")) or Path(source).suffix in (".tokens", ".txt", ".jsonl")
+
+
+def name_source(source: str, flag: str, check: bool = True) -> tuple[str, Optional[str], Optional[str]]:
+    """(name, fingerprint, local path) of a ``--train`` / ``--test`` value: ``<dataset>:<split>``
+    (pinned fingerprint, found in the mirror when read), a local file (a file of the mirror is
+    named as such; another one ``file:<file name>``, fingerprinted now, so it must exist unless not
+    ``check``) or a HF dataset name (no fingerprint)."""
+    if ":" in source and not is_local(source):
+        name, split = source.split(":", 1)
+        if name not in DATASETS or split not in DATASETS[name]:
+            known = ", ".join(f"{n}:{s}" for n, splits in DATASETS.items() for s in splits)
+            raise ValueError(f"{flag}: unknown dataset {source!r} (named datasets: {known})")
+        return source, "sha256:" + DATASETS[name][split][1], None
+    if not is_local(source):
+        return source, None, None
+    path = Path(source).expanduser()
+    if path.is_file():
+        real = path.resolve()
+        for name, splits in DATASETS.items():
+            for split, (file, sha) in splits.items():
+                mirrored = data_root() / name / file
+                if mirrored.is_file() and mirrored.resolve() == real:
+                    return f"{name}:{split}", "sha256:" + sha, None
+    elif check:
+        raise ValueError(f"{flag}: file {source!r} does not exist")
+    return f"file:{path.name}", fingerprint(path) if path.is_file() else None, str(path)
+
+
+def locate(role: str, data: "DataConfig") -> str:
+    """What ``bd3lm.data.build_dataset`` reads for ``data.<role>`` (train / test): the mirror's
+    file of ``<dataset>:<split>`` or the user's ``file:`` (content checked against the config's
+    fingerprint), else the HF dataset name. A missing file: ValueError saying where to put it."""
+    name, flag = getattr(data, role), f"--{role}"
+    if name.startswith("file:"):
+        path = Path(dict(data.paths)[role])
+    elif ":" in name:
+        dataset, split = name.split(":", 1)
+        root = data_root()
+        path = root / dataset / DATASETS[dataset][split][0]
+        if not path.is_file():
+            raise ValueError(
+                f"{flag}: dataset {name} is needed but {path} does not exist: put the {dataset} files "
+                f"(see SOURCES.md of the data mirror) in {root / dataset}, or set DLM_SHARED_DATA to the folder "
+                f"that holds {dataset}/ (default: ../shared/data beside the checkout; a symlink is fine)")
+    else:
+        return name
+    expected, found = dict(data.fingerprints).get(role), fingerprint(path)
+    if expected != found:
+        raise ValueError(f"{flag}: {name} at {path} has fingerprint {found}, the config names {expected}: "
+                         "another version of the data")
+    return str(path)
+
+
+def name_tokenizer(value: str) -> tuple[str, Optional[str], Optional[str]]:
+    """(name, fingerprint, local path) of a ``--tokenizer``: a hub name (``bert-base-uncased``,
+    found in the mirror's ``tokenizers/`` when there) as it is, a directory of the mirror by its
+    name, another directory as ``file:<dir name>`` with the fingerprint of its files."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        return value, None, None
+    mirror = data_root() / "tokenizers" / path.name
+    if mirror.is_dir() and mirror.resolve() == path.resolve():
+        return path.name, None, None
+    return f"file:{path.name}", fingerprint(path), str(path)
+
+
+def locate_tokenizer(data: "DataConfig") -> str:
+    """The tokenizer to load: a ``file:`` directory (content checked), the mirror's copy of a
+    named tokenizer, else the name (hub)."""
+    name = data.tokenizer
+    if name.startswith("file:"):
+        path = Path(dict(data.paths)["tokenizer"])
+        if fingerprint(path) != dict(data.fingerprints).get("tokenizer"):
+            raise ValueError(f"--tokenizer: {path} is not the tokenizer the config names ({name})")
+        return str(path)
+    local = data_root() / "tokenizers" / name
+    return str(local) if local.is_dir() else name
 
 
 @dataclass(frozen=True)
 class DataConfig:
     style: str  # bd3lm.data style: lm1b | owt
-    train: str  # text file or HF dataset name
+    train: str  # <dataset>:<split>, file:<name> or HF dataset name (see the module docstring)
     test: str
     tokenizer: str
     seq_len: int
@@ -37,6 +162,8 @@ class DataConfig:
     max_train_lines: Optional[int] = None
     max_test_lines: Optional[int] = None
     val_chunks: int = 64  # held out from the end of the training chunks (clipping search)
+    fingerprints: tuple = ()  # ((role, "sha256:..."), ...) of named and file: sources; role train|test|tokenizer
+    paths: tuple = ()  # ((role, local path), ...) of the file: sources: not identity
 
 
 @dataclass(frozen=True)
@@ -100,26 +227,17 @@ class RunConfig:
     threads: Optional[int] = None
 
     def identity(self) -> dict:
-        """What fixes the results (not which models this process runs, nor where files go); local
-        data paths beside the checkout are relative to it, so the hash is the same in every clone."""
-        data = {k: portable(v) if k in ("train", "test", "tokenizer") else v for k, v in asdict(self.data).items()}
+        """What fixes the results (not which models this process runs, nor where files go): the
+        data by name and content fingerprint, never by path, so the hash is the same in every clone."""
+        data = {k: v for k, v in asdict(self.data).items() if k != "paths"}
+        data["fingerprints"] = dict(self.data.fingerprints)
         return {"preset": self.preset, "data": data, "arch": asdict(self.arch),
                 "train": asdict(self.train), "eval": asdict(self.eval)}
 
 
-def portable(path: str) -> str:
-    """``path`` relative to the checkout when it lies beside it (e.g. ``../shared/data/...``)."""
-    p = Path(path)
-    if p.is_absolute() and p.resolve().is_relative_to(REPO.parent.resolve()):
-        return os.path.relpath(p.resolve(), REPO.resolve())
-    return path
-
-
 def _laptop() -> dict:
-    lm1b = SHARED / "lm1b-sample"
     return dict(
-        data=DataConfig("lm1b", str(lm1b / "1b_benchmark.dev.tokens"), str(lm1b / "1b_benchmark.test.tokens"),
-                        "bert-base-uncased", 128, val_chunks=64),
+        data=DataConfig("lm1b", "lm1b-sample:dev", "lm1b-sample:test", "bert-base-uncased", 128, val_chunks=64),
         arch=ArchConfig(64, 4, 4, 4, 192, True),
         train=TrainSpec(steps=400, batch_size=16, lr=2e-3, warmup=40, betas=(0.9, 0.99), search_every=150,
                         search_chunks=16, grid=LAPTOP_GRID, finetune_steps=100),

@@ -9,6 +9,7 @@ one JSONL record; ids already written are skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -27,8 +28,8 @@ from dlm import distributed
 from dlm.likelihood import mc_perplexity
 from dlm.model import ModelConfig, Transformer
 from dlm.train import TrainConfig, train
-from experiments.common import JsonlLog, config_hash, git_sha, read_jsonl
-from experiments.perplexity_config import FIXED_SCHEDULES, RunConfig, model_block, portable
+from experiments.common import JsonlLog, config_hash, git_sha, read_jsonl, repo_relative
+from experiments.perplexity_config import FIXED_SCHEDULES, RunConfig, locate, locate_tokenizer, model_block
 
 POLL_S = 5  # seconds between checks while another process trains a shared job
 
@@ -43,12 +44,14 @@ class Data:
 
 
 def load_data(cfg: RunConfig) -> Data:
+    """Train / val / test chunks of the named data (found in the mirror, fingerprints checked first)."""
     d = cfg.data
-    chunks, ids = build_dataset(d.train, d.style, d.tokenizer, d.seq_len, d.train_split, d.max_train_lines,
+    train_src, test_src, tokenizer = locate("train", d), locate("test", d), locate_tokenizer(d)
+    chunks, ids = build_dataset(train_src, d.style, tokenizer, d.seq_len, d.train_split, d.max_train_lines,
                                 d.hf_config)
     if chunks.shape[0] <= d.val_chunks:
         raise ValueError(f"--train: {chunks.shape[0]} chunks, need more than --val-chunks {d.val_chunks}")
-    test, _ = build_dataset(d.test, d.style, d.tokenizer, d.seq_len, d.test_split, d.max_test_lines, d.hf_config)
+    test, _ = build_dataset(test_src, d.style, tokenizer, d.seq_len, d.test_split, d.max_test_lines, d.hf_config)
     n_val = d.val_chunks
     return Data(chunks[:chunks.shape[0] - n_val], chunks[chunks.shape[0] - n_val:], test, ids)
 
@@ -128,16 +131,58 @@ def _record(cfg: RunConfig, rid: str, kind: str, **fields) -> dict:
             "git_sha": git_sha(), "seed": cfg.train.seed, "eval_seed": cfg.eval.seed, **fields}
 
 
+def differences(old, new, prefix: str = "") -> list[str]:
+    """``key old -> new`` for every leaf where two nested dicts differ (dotted keys)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')} {json.dumps(old)} -> {json.dumps(new)}"]
+
+
 def open_log(cfg: RunConfig, paths: Paths) -> JsonlLog:
-    """The run's JSONL; a config record first; a different config under the same --run is refused."""
-    log = JsonlLog(paths.jsonl)
+    """The run's JSONL; a config record first; a different config under the same --run is refused,
+    saying what differs."""
+    log = JsonlLog(paths.jsonl, shared=True)  # several --models processes append to one run
     h = config_hash(cfg.identity())
-    other = {r["config_hash"] for r in log.records if r.get("kind") == "config"} - {h}
+    other = [r for r in log.records if r.get("kind") == "config" and r["config_hash"] != h]
     if other:
-        raise ValueError(f"--run {cfg.run}: {paths.jsonl} holds config {sorted(other)}, this one is {h}; "
-                         "pick another --run (or delete the file)")
+        log.close()
+        diff = differences(other[0].get("config", {}), json.loads(json.dumps(cfg.identity())))  # tuples: lists
+        legacy = all(d.startswith(("data.train ", "data.test ", "data.fingerprints")) for d in diff)
+        raise ValueError(
+            f"--run {cfg.run}: {paths.jsonl} holds results of config {other[0]['config_hash']}, this one is {h}: "
+            + "; ".join(diff[:8]) + (f" (and {len(diff) - 8} more)" if len(diff) > 8 else "") + ". "
+            + ("These results name their data by path (recorded before datasets were named): convert them once "
+               f"with python -m research.convert_perplexity_v2 {paths.jsonl}" if legacy else
+               "Run this config under another --run, or give the recorded config's values"))
     log.append([_record(cfg, "config", "config", config=cfg.identity())])
     return log
+
+
+def eval_ids(name: str, cfg: RunConfig) -> list[str]:
+    """Record ids :func:`eval_model` writes for ``name``."""
+    ids = [f"ppl/{name}"] + (["mc/mdlm"] if name == "mdlm" else [])
+    if name in cfg.var_models:
+        labels = [label for label, _, _ in FIXED_SCHEDULES] + ["searched"]
+        ids += [f"search/{name}"] + [f"var/{name}/{label}" for label in labels]
+    return ids
+
+
+def pending(cfg: RunConfig, paths: Paths) -> list[str]:
+    """Record ids this command would still compute: none when every result of this config is
+    recorded (then neither the data nor the models are needed). A recorded training job whose
+    exported checkpoint is missing is refused (``train`` / ``all``)."""
+    done = {r["id"] for r in read_jsonl(paths.jsonl)}
+    ids = []
+    for job in plan_jobs(cfg) if cfg.command in ("all", "train") else []:
+        rid, ckpt = f"train/{job.name}", paths.checkpoint(job.name)
+        if rid in done and job.export and not ckpt.is_dir():
+            raise ValueError(f"{job.name}: recorded in {paths.jsonl} but {ckpt} is missing; delete its '{rid}' "
+                             "line to retrain")
+        ids.append(rid)
+    if cfg.command in ("all", "eval"):
+        ids += [i for name in cfg.models for i in eval_ids(name, cfg)]
+    return [i for i in ids if i not in done]
 
 
 def _claim(lock: Path) -> bool:
@@ -222,7 +267,7 @@ def train_job(job: Job, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLog)
             os.replace(tmp, ckpt)
         s = bd3.schedule
         log.append([_record(cfg, rid, "train", model=job.name, block_size=job.block_size, steps=job.steps,
-                            init=job.init, beta=s.beta, omega=s.omega, checkpoint=portable(str(ckpt)),
+                            init=job.init, beta=s.beta, omega=s.omega, checkpoint=repo_relative(ckpt),
                             train_loss=res.train_metrics.get("loss"), wall_s=time.perf_counter() - t0,
                             cpu_s=time.process_time() - c0, tokens=job.steps * t.batch_size * L)])
     finally:

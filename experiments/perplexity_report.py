@@ -13,7 +13,11 @@ Reads ``<out>/perplexity_<run>.jsonl`` (never a model) and writes ``perplexity_<
   per-(sequence, block) NELBO means; nats^2) and test PPL under U[0,1], U[.3,.8], U[.5,1] and the
   searched clipping;
 - the issue's bars (ordering, share of the MDLM->AR gap closed by L'=4, variance reduction);
-- a PPL-vs-block-size plot (log x). Every file carries git SHA(s), config hash and seeds.
+- a PPL-vs-block-size plot (log x). Every file carries the git SHA(s) of the records (the commits
+  that computed them, not the one that rebuilt the tables), config hash and seeds.
+
+Files whose content would not change are not rewritten (:func:`write_if_changed`), so rebuilding
+the tables of unchanged records is a no-op.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from experiments.common import atomic_write_text, git_sha, read_jsonl
+from experiments.common import read_jsonl, write_if_changed
 
 #: BD3-LM Table 3 (LM1B, L=128) and the OWT table (L=1024): test perplexity per model.
 PAPER_PPL = {"lm1b": {"ar": 22.83, "bd4": 28.23, "bd8": 29.83, "bd16": 30.60, "mdlm": 31.78},
@@ -120,7 +124,7 @@ def render_md(cfg: dict, t3: list[dict], t2: list[dict], mc: Optional[dict], sha
     ident, style = cfg["config"], cfg["config"]["data"]["style"]
     L = cfg["config"]["data"]["seq_len"]
     lines = [f"# BD3-LM perplexity ladder: run `{cfg['run']}` (preset `{ident['preset']}`)", "",
-             f"git SHA of the results: {', '.join(shas)}; report built at {git_sha()}; config hash "
+             f"git SHA of the results: {', '.join(shas)}; config hash "
              f"`{cfg['config_hash']}`; training seed {ident['train']['seed']}, eval seed {ident['eval']['seed']}.",
              f"Data: train `{ident['data']['train']}`, test `{ident['data']['test']}`, tokenizer "
              f"`{ident['data']['tokenizer']}`, L={L}.", "",
@@ -201,10 +205,10 @@ def plot(t3: list[dict], paper: dict, paper_len: int, path: Path, meta: dict) ->
     fig.text(0.01, 0.005, f"git {' '.join(meta['git_shas'])} · config {meta['config_hash']} · seeds "
              f"{meta['seed']}/{meta['eval_seed']}", fontsize=6, color="gray")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, metadata={"Description": json.dumps(meta)})
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, metadata={"Description": json.dumps(meta)})
     plt.close(fig)
-    tmp.replace(path)
+    write_if_changed(path, buf.getvalue())
 
 
 def write_report(out: Path, run: str) -> Path:
@@ -220,8 +224,8 @@ def write_report(out: Path, run: str) -> Path:
                    "ppl": mc["ppl"], "nelbo": mc["nelbo"], "tokens": mc["tokens"], "exact": False, **_prov(mc)}]
                  if mc else []) + t2
     base = out / f"perplexity_{run}"
-    atomic_write_text(base.with_suffix(".md"), render_md(cfg, t3, t2, mc, shas))
-    atomic_write_text(base.with_suffix(".csv"), render_csv(rows))
+    write_if_changed(base.with_suffix(".md"), render_md(cfg, t3, t2, mc, shas))
+    write_if_changed(base.with_suffix(".csv"), render_csv(rows))
     meta = {"run": run, "git_shas": shas, "config_hash": cfg["config_hash"], "seed": cfg["seed"],
             "eval_seed": cfg["eval_seed"], "config": cfg["config"]}
     plot(t3, paper, PAPER_L.get(style, cfg["config"]["data"]["seq_len"]), base.with_suffix(".png"), meta)

@@ -7,8 +7,11 @@ Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model) and wr
 - ``table.md`` / ``table.csv`` / ``table.json``: Fast-dLLM Table 1 layout, one row per strategy:
   accuracy % with a seeded 95% bootstrap CI (1000 resamples), throughput (generated tokens up
   to and including the first EOS / wall-clock seconds of generation), speed-up vs the baseline
-  row, NFE per sample, NFE per generated token, tokens committed per denoising step, positions
-  computed per generated token, n;
+  row (when it is absent, the header, the column and ``meta.speedup_note`` name the row used
+  instead), NFE per sample, NFE per generated token, tokens committed per denoising step,
+  positions computed per generated token, n, batch size (``batch_rows``: throughput depends on
+  it; when the rows ran at different batch sizes the header says so and every throughput cell
+  names its batch size);
 - ``pareto.png``: accuracy vs throughput (log x) with CI error bars, Pareto front highlighted
   and labelled;
 - ``ablation.md`` / ``ablation.csv``: main effects of cache x parallel decoding x stop_at_eos x
@@ -27,13 +30,14 @@ import csv
 import io
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
-from experiments.common import atomic_write_text, git_sha, read_jsonl
+from experiments.common import atomic_write_text, read_jsonl
 from experiments.strategy import STRATEGY_NAMES
 
 FACTORS = ("cache", "parallel", "stop_at_eos", "block_length")
@@ -78,6 +82,19 @@ class Row:
     factors: dict
     config_hashes: str
     git_shas: str
+    batch_rows: str = "?"  # batch size(s) the samples were decoded at ("?": not recorded)
+
+
+def batch_sizes(records: Sequence[dict]) -> str:
+    """The batch size(s) of a strategy's records, space-separated ("?" when not recorded).
+
+    A smaller ``batch_rows`` held by at most that many records is one final partial batch
+    (n not a multiple of the batch size), not a second batch size."""
+    counts = Counter(r.get("batch_rows") for r in records)
+    if None in counts:
+        return "?"
+    top = max(counts)
+    return " ".join(str(v) for v in sorted(counts) if v == top or counts[v] > v)
 
 
 def summarize(name: str, records: Sequence[dict], n_resamples: int = 1000, seed: int = 0) -> Row:
@@ -95,7 +112,7 @@ def summarize(name: str, records: Sequence[dict], n_resamples: int = 1000, seed:
         positions_per_token=sum(r["positions_computed"] for r in records) / tokens,
         seconds=sum(r["seconds"] for r in records), factors=dict(records[0].get("factors") or {}),
         config_hashes=" ".join(sorted({str(r.get("config_hash")) for r in records})),
-        git_shas=" ".join(sorted({str(r.get("git_sha")) for r in records})))
+        git_shas=" ".join(sorted({str(r.get("git_sha")) for r in records})), batch_rows=batch_sizes(records))
 
 
 def load_runs(out: Path) -> dict[str, list[dict]]:
@@ -114,12 +131,27 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
     return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 
+def speedup_reference(rows: Sequence[Row], baseline: str) -> tuple[Optional[Row], Optional[str]]:
+    """The row speed-ups are relative to: ``baseline``'s, else the first row's, with a note
+    saying so (None when the baseline row is there)."""
+    base = next((r for r in rows if r.strategy == baseline), None)
+    if base is not None or not rows:
+        return base, None
+    return rows[0], f"no {baseline} row: speed-ups relative to {rows[0].strategy} instead"
+
+
 def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0) -> list[Row]:
+    """One row per strategy, speed-up relative to :func:`speedup_reference`."""
     rows = [summarize(name, recs, n_resamples, seed) for name, recs in runs.items()]
-    if not rows:
+    base, _ = speedup_reference(rows, baseline)
+    if base is None:
         return rows
-    base = next((r for r in rows if r.strategy == baseline), rows[0])
     return [Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second}) for r in rows]
+
+
+def mixed_batches(rows: Sequence[Row]) -> bool:
+    """Whether the rows' throughputs come from more than one batch size (or one is unknown)."""
+    return len({size for r in rows for size in r.batch_rows.split()}) > 1
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -161,6 +193,7 @@ def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect],
     if len(cells) < 2:
         return [], info
     base_row = next((r for r in usable if r.strategy == baseline), usable[0])
+    info["reference_row"] = base_row.strategy  # may differ from ``baseline`` (absent): said in the file
     base = tuple(str(base_row.factors[f]) for f in FACTORS)
     columns, labels = [np.ones(len(cells))], []
     for k, f in enumerate(FACTORS):
@@ -191,8 +224,11 @@ def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect],
 def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed: int) -> dict:
     cfg_file = Path(out) / "config.json"
     run_cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    return {"report_git_sha": git_sha(), "run_git_shas": sorted({s for r in rows for s in r.git_shas.split()}),
-            "baseline": baseline, "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
+    base, note = speedup_reference(rows, baseline)
+    return {"run_git_shas": sorted({s for r in rows for s in r.git_shas.split()}),
+            "baseline": baseline, "speedup_reference": base.strategy if base else None, "speedup_note": note,
+            "batch_rows": {r.strategy: r.batch_rows for r in rows}, "mixed_batch_rows": mixed_batches(rows),
+            "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
             "config_hashes": {r.strategy: r.config_hashes for r in rows},
             "run_config": run_cfg.get("strategies", {})}
 
@@ -201,35 +237,58 @@ def _fmt(x: float, spec: str) -> str:
     return format(x, spec) if math.isfinite(x) else "-"
 
 
+def _speedup_words(meta: dict) -> str:
+    if meta["speedup_note"]:
+        return f"**{meta['speedup_note']}**"
+    return f"speed-up vs `{meta['speedup_reference']}`"
+
+
+def _batch_words(meta: dict) -> str:
+    if not meta["mixed_batch_rows"]:
+        return ""
+    sizes = ", ".join(f"{k} {v}" for k, v in meta["batch_rows"].items())
+    return (f" **Mixed batch sizes** (batch_rows: {sizes}; ? = not recorded): throughput per row depends on "
+            "the batch size, so compare tokens/s only between rows of the same batch size.")
+
+
 def render_table(rows: Sequence[Row], meta: dict) -> str:
+    mixed = meta["mixed_batch_rows"]
     lines = ["# GSM8K: accuracy and throughput per strategy (Fast-dLLM Table 1 layout)", "",
-             f"git {' '.join(meta['run_git_shas'])} (report {meta['report_git_sha']}); speed-up vs "
-             f"`{meta['baseline']}`; 95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
+             f"git {' '.join(meta['run_git_shas'])} (the commits that produced the samples); {_speedup_words(meta)}; "
+             f"95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
              f"{meta['bootstrap']['seed']}); throughput = tokens up to and including the first EOS / "
-             "wall-clock seconds of generation.", "",
-             "| strategy | accuracy % [95% CI] | tokens/s | speed-up | NFE | NFE/token | tokens/step | "
-             "positions/token | n | config |",
+             f"wall-clock seconds of generation.{_batch_words(meta)}", "",
+             f"| strategy | accuracy % [95% CI] | tokens/s{' (batch size)' if mixed else ''} | speed-up vs "
+             f"{meta['speedup_reference']} | NFE | NFE/token | tokens/step | positions/token | n | config |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        batch = f" (batch {r.batch_rows})" if mixed else ""
         lines.append(f"| {r.strategy} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | "
-                     f"{_fmt(r.tokens_per_second, '.1f')} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
+                     f"{_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "tokens_per_second", "speedup", "nfe",
-              "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds", "config_hashes", "git_shas")
+CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "tokens_per_second", "batch_rows", "speedup",
+              "speedup_vs", "nfe", "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds",
+              "config_hashes", "git_shas")
 
 
-def render_csv(rows: Sequence[Row]) -> str:
+def render_csv(rows: Sequence[Row], speedup_vs: Optional[str] = None) -> str:
+    """``table.csv``: one line per row; ``speedup_vs`` names the row speed-ups are relative to."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        d = asdict(r)
+        d = {**asdict(r), "speedup_vs": speedup_vs}
         w.writerow({k: d[k] for k in CSV_FIELDS})
     return buf.getvalue()
+
+
+def _reference_words(info: dict, baseline: str) -> str:
+    ref = info.get("reference_row", baseline)
+    return f"the {baseline} row's" if ref == baseline else f"no {baseline} row: the {ref} row's instead"
 
 
 def render_ablation(effects: Sequence[Effect], info: dict, meta: dict) -> tuple[str, str]:
@@ -238,53 +297,90 @@ def render_ablation(effects: Sequence[Effect], info: dict, meta: dict) -> tuple[
              f"accuracy over {info['cells']} factor cells ({info.get('rows', 0)} baseline/fastdllm rows; "
              f"factors: {', '.join(info['factors']) or '-'}; "
              f"R^2 of log throughput {_fmt(info['r2'], '.3f')}). Main effect = coefficient of the level vs "
-             "the reference level (the baseline row's); x speed-up = exp(log speed-up).", ""]
+             f"the reference level ({_reference_words(info, meta['baseline'])}); x speed-up = exp(log speed-up).", ""]
     if not effects:
         lines.append(f"No identifiable factorial design in these rows. {info.get('note', '')}".rstrip())
     else:
         lines += ["| factor | level | vs | log speed-up | x speed-up | accuracy change (pp) | cells at level |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {e.factor} | {e.level} | {e.reference} | {e.log_speedup:+.3f} | {e.speedup:.2f}x | "
-                  f"{e.accuracy_pp:+.1f} | {e.cells} |" for e in effects]
+                  f"{round(e.accuracy_pp, 1) + 0.0:+.1f} | {e.cells} |" for e in effects]  # + 0.0: no -0.0
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["factor", "level", "reference", "log_speedup", "speedup", "accuracy_pp", "cells"])
     for e in effects:
-        w.writerow([e.factor, e.level, e.reference, e.log_speedup, e.speedup, e.accuracy_pp, e.cells])
+        w.writerow([e.factor, e.level, e.reference, *(round(v, 6) + 0.0 for v in (e.log_speedup, e.speedup,
+                                                                                     e.accuracy_pp)), e.cells])
     return "\n".join(lines) + "\n", buf.getvalue()
 
 
+OFFSETS = [(6, 4), (6, -11), (-6, 4), (-6, -11), (0, 10), (0, -16), (10, 16), (10, -22), (-10, 16), (-10, -22),
+           (14, 26), (14, -32), (-14, 26), (-14, -32)]  # points; negative x: text right-aligned
+
+
+def place_labels(ax, xy: Sequence[tuple[float, float]], labels: Sequence[str], styles: Sequence[dict]) -> list:
+    """Annotate each point with its label at the first offset of ``OFFSETS`` whose box overlaps
+    no label placed before it and stays inside the axes (the last offset when none is free).
+    Points are labelled from the top down. Returns the text objects, in the order of ``labels``."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    axes_box = ax.get_window_extent(renderer)
+    placed, texts = [], [None] * len(labels)
+    for i in sorted(range(len(labels)), key=lambda k: -xy[k][1]):
+        for dx, dy in OFFSETS:
+            t = ax.annotate(labels[i], xy[i], textcoords="offset points", xytext=(dx, dy),
+                            ha="left" if dx >= 0 else "right", **styles[i])
+            box = t.get_window_extent(renderer)
+            inside = axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and axes_box.y0 <= box.y0 and box.y1 <= axes_box.y1
+            if inside and not any(box.overlaps(b) for b in placed):
+                break
+            if (dx, dy) != OFFSETS[-1]:
+                t.remove()
+        placed.append(t.get_window_extent(renderer))
+        texts[i] = t
+    return texts
+
+
 def plot_pareto(rows: Sequence[Row], path: Path, meta: dict) -> None:
+    """Accuracy vs throughput: the axes hold every point with its whole CI, x ticks are plain
+    numbers on a log scale, labels do not overlap (:func:`place_labels`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     pts = [(r.tokens_per_second, 100 * r.accuracy) for r in rows]
     front = set(pareto_front(pts))
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
     for i, r in enumerate(rows):
         x, y = pts[i]
         yerr = [[y - 100 * r.ci_low], [100 * r.ci_high - y]]
         on = i in front
         ax.errorbar([x], [y], yerr=yerr, fmt="o", ms=7 if on else 5, capsize=3,
                     color="tab:red" if on else "tab:gray", alpha=1.0 if on else 0.6)
-        ax.annotate(r.strategy, (x, y), textcoords="offset points", xytext=(5, 4 if on else 4 - 10 * (i % 3)),
-                    fontsize=8 if on else 6, fontweight="bold" if on else "normal",
-                    color="black" if on else "dimgray")
     order = sorted(front, key=lambda i: pts[i][0])
     ax.plot([pts[i][0] for i in order], [pts[i][1] for i in order], "-", color="tab:red", lw=1.5,
             label="Pareto front")
-    ys = [y for _, y in pts]
-    ax.set_ylim(max(0.0, min(ys) - 10), min(100.0, max(ys) + 10))
+    low, high = min(100 * r.ci_low for r in rows), max(100 * r.ci_high for r in rows)
+    pad = max(3.0, 0.08 * (high - low))
+    ax.set_ylim(max(-2.0, low - pad), min(102.0, high + pad))
+    xs = [x for x, _ in pts]
     ax.set_xscale("log")
+    ax.set_xlim(min(xs) / 1.8, max(xs) * 2.5)  # room for the labels on both sides
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("throughput (tokens until EOS / s, log scale)")
     ax.set_ylabel("accuracy % (95% bootstrap CI)")
     ax.set_title("GSM8K: accuracy vs throughput")
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    fig.text(0.01, 0.005, f"git {' '.join(meta['run_git_shas'])}", fontsize=6, color="gray")
     fig.tight_layout()
+    styles = [dict(fontsize=8, fontweight="bold", color="black") if i in front
+              else dict(fontsize=7, color="dimgray") for i in range(len(rows))]
+    place_labels(ax, pts, [r.strategy for r in rows], styles)
+    fig.text(0.01, 0.005, f"git {' '.join(meta['run_git_shas'])}", fontsize=6, color="gray")
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
     described = json.dumps({k: meta[k] for k in ("run_git_shas", "config_hashes")})
@@ -311,7 +407,7 @@ def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int 
         raise ValueError(f"--out {out}: no <strategy>.jsonl results to report")
     meta = _meta(out, rows, baseline, n_resamples, seed)
     effects, info = factorial_effects(rows, baseline)
-    md, csv_text = render_table(rows, meta), render_csv(rows)
+    md, csv_text = render_table(rows, meta), render_csv(rows, meta["speedup_reference"])
     abl_md, abl_csv = render_ablation(effects, info, meta)
     atomic_write_text(out / "table.md", md)
     atomic_write_text(out / "table.csv", csv_text)
@@ -330,7 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="results directory of python -m experiments.gsm8k")
     p.add_argument("--baseline", default="baseline_semiar",
-                   help="row the speed-up is relative to (default baseline_semiar; the first row if absent)")
+                   help="row the speed-up is relative to (default baseline_semiar; when absent, the first row, "
+                        "and the table says so)")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-plot", action="store_true", help="skip pareto.png")

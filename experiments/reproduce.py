@@ -21,14 +21,21 @@ output, same correctness. ``--full`` also retrains the embedded models (two-phas
 LLaDA SFT, the BD3-LM fine-tune, the five perplexity models) into ``DIR/checkpoints``; it refuses a
 directory that already holds per-sample results of other models.
 
-Writes ``<out>/reproduce.json`` (git SHA, arguments, each job's status and seconds),
-``<out>/README.md`` (every artefact with the command that made it) and, with ``--verify``,
-``<out>/verify.md``.
+Writes ``<out>/README.md`` (every artefact with the command that made it), with ``--verify``
+``<out>/verify.md``, and ``<out>/reproduce.json``: the git SHA at the start of the last run that
+changed something (the commit that produced the results), its arguments and wall time, and each
+job's status and seconds (merged over runs, in plan order). A run changes something when an
+artefact or sample file of its jobs differs afterwards (sha256 before and after) or a job's outcome
+differs from the recorded one (ran and skipped both count as success); otherwise reproduce.json is
+left as it is, so a no-op rebuild of a clean checkout leaves it clean. Every run's timings are
+appended to ``<work>/logs/runs.jsonl``. None of these files is rewritten with identical content.
+The last lines name the failed and blocked jobs, their logs, and the command that reruns just them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -41,6 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 from experiments.common import REPO, atomic_write_text, git_sha, read_jsonl
+from experiments.common import write_if_changed
 from experiments.reproduce_plan import Job, plan
 
 RESULTS = REPO / "results"
@@ -162,11 +170,11 @@ def _compare(mine: dict, theirs: dict) -> Optional[str]:
             f"max relative difference {max(rel):.2e}")
 
 
-def verify(jobs: list[Job], out: Path, ref: Path) -> str:
+def verify(jobs: list[Job], out: Path, ref: Path, sha: Optional[str] = None) -> str:
     """Per-sample comparison of ``out`` with the committed ``ref``: for every id present in both,
     is the decoded output identical and the correctness the same (perplexity records: are the
-    PPL / Var(NELBO) values equal)?"""
-    lines = ["# Reproduction check", "", f"`{rel(out)}` against `{rel(ref)}`, git {git_sha()}", "",
+    PPL / Var(NELBO) values equal)? ``sha``: the commit that computed ``out`` (default: now)."""
+    lines = ["# Reproduction check", "", f"`{rel(out)}` against `{rel(ref)}`, git {sha or git_sha()}", "",
              "| file | compared | identical | same correctness | here vs committed |", "|---|---|---|---|---|"]
     for job in jobs:
         for pattern in job.samples:
@@ -197,6 +205,68 @@ def index(jobs: list[Job]) -> str:
         cmd = shlex.join(j.command()[1:]).replace("|", "\\|")
         lines.append(f"| {arts} | {j.what} | `{j.name}` | `python {cmd}` |")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- summary, no-op
+def outputs(jobs: list[Job], out: Path) -> dict[str, str]:
+    """sha256 of every existing artefact and sample file of ``jobs`` (paths relative to ``out``)."""
+    paths = {out / a for j in jobs for a in j.artefacts} | {p for j in jobs for g in j.samples for p in out.glob(g)}
+    return {p.relative_to(out).as_posix() if p.is_relative_to(out) else str(p):
+            hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths) if p.is_file()}
+
+
+def _ok(status: Optional[str]) -> Optional[str]:
+    """A job's outcome as reproduce.json compares it: ran and skipped are both a success."""
+    return "ok" if status in ("ran", "skipped") else status
+
+
+def record_run(out: Path, work: Path, jobs: list[Job], res: dict[str, Outcome], run: dict,
+               changed_files: list[str], started: str = "") -> bool:
+    """Append this run to ``<work>/logs/runs.jsonl``; rewrite ``<out>/reproduce.json`` (this run's
+    SHA, arguments and wall time, its jobs merged over the recorded ones) only when a file changed
+    or a job's outcome differs from the recorded one. True when reproduce.json was written."""
+    jobs_now = {n: {"status": o.status, "seconds": o.seconds} for n, o in res.items()}
+    log = work / "logs" / "runs.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(json.dumps({"started": started, **run, "changed": changed_files, "jobs": jobs_now}) + "\n")
+    path = out / "reproduce.json"
+    try:
+        recorded = json.loads(path.read_text()).get("jobs", {})
+    except (FileNotFoundError, ValueError, AttributeError):
+        recorded = {}
+    if not changed_files and all(_ok(recorded.get(n, {}).get("status")) == _ok(o.status) for n, o in res.items()):
+        return False
+    merged = {**recorded, **jobs_now}
+    order = [j.name for j in jobs if j.name in merged] + [n for n in merged if n not in {j.name for j in jobs}]
+    return write_if_changed(path, json.dumps({**run, "jobs": {n: merged[n] for n in order}}, indent=1) + "\n")
+
+
+def rerun_command(a, parser: argparse.ArgumentParser, names: list[str]) -> str:
+    """The command that reruns just ``names`` with this run's other options."""
+    cmd = ["python", "-m", "experiments.reproduce"]
+    for flag in ("out", "work", "jobs", "limit", "verify"):
+        value = getattr(a, flag)
+        if value is not None and value != parser.get_default(flag):
+            cmd += [f"--{flag}", str(value)]
+    cmd += [f"--{flag}" for flag in ("full", "force") if getattr(a, flag)]
+    return shlex.join([*cmd, "--only", *names])
+
+
+def summary(res: dict[str, Outcome], wall: float, logs: Path, rerun: Optional[str]) -> str:
+    """The last lines: counts, the failed and blocked jobs by name, their logs, the rerun command."""
+    parts = []
+    for status in ("ran", "skipped", "failed", "blocked"):
+        names = [n for n, o in res.items() if o.status == status]
+        parts.append(f"{status} {len(names)}" + (f" ({', '.join(names)})" if names and status in ("failed", "blocked")
+                                                  else ""))
+    lines = [f"[reproduce] {len(res)} jobs in {wall / 60:.1f} min: " + ", ".join(parts)]
+    failed = [n for n, o in res.items() if o.status == "failed"]
+    if failed:
+        lines.append("[reproduce] logs: " + " ".join(str(logs / f"{n}.log") for n in failed))
+    if rerun:
+        lines.append(f"[reproduce] rerun just these: {rerun}")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -253,22 +323,27 @@ def main(argv=None) -> int:
     in_place = out.resolve() == RESULTS.resolve()
     if not in_place and not a.full:
         prepare_fresh(out)
+    sha = git_sha()  # before any job writes: the commit (and code state) that produces the results
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    before = outputs(selected, out)
     t0 = time.perf_counter()
     res = run_jobs(selected, out, a.jobs, work / "logs", a.force)
     wall = time.perf_counter() - t0
-    summary = {"git_sha": git_sha(), "argv": sys.argv[1:] if argv is None else list(argv), "jobs_at_once": a.jobs,
-               "cpu_count": os.cpu_count(), "wall_s": wall,
-               "jobs": {n: {"status": o.status, "seconds": o.seconds} for n, o in res.items()}}
-    atomic_write_text(out / "reproduce.json", json.dumps(summary, indent=1) + "\n")
-    atomic_write_text(out / "README.md", index(jobs))
+    after = outputs(selected, out)
+    changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+    run = {"git_sha": sha, "argv": sys.argv[1:] if argv is None else list(argv), "jobs_at_once": a.jobs,
+           "cpu_count": os.cpu_count(), "wall_s": wall}
+    wrote = record_run(out, work, jobs, res, run, changed, started)
+    write_if_changed(out / "README.md", index(jobs))
     ref = Path(a.verify) if a.verify else (None if in_place else RESULTS)
     if ref is not None:
-        report = verify(selected, out, ref)
-        atomic_write_text(out / "verify.md", report)
+        report = verify(selected, out, ref, sha)
+        write_if_changed(out / "verify.md", report)
         print(report)
-    bad = {n: o.status for n, o in res.items() if o.status in ("failed", "blocked")}
-    print(f"[reproduce] {len(res)} jobs in {wall / 60:.1f} min: "
-          + ", ".join(f"{s} {sum(o.status == s for o in res.values())}" for s in ("ran", "skipped", "failed", "blocked")))
+    bad = [j.name for j in jobs if j.name in res and res[j.name].status in ("failed", "blocked")]  # plan order
+    print(f"[reproduce] {len(changed)} result file(s) changed; {rel(out / 'reproduce.json')} "
+          f"{'updated' if wrote else 'left as it was'}; timings in {rel(work / 'logs' / 'runs.jsonl')}")
+    print(summary(res, wall, work / "logs", rerun_command(a, p, bad) if bad else None))
     return 1 if bad else 0
 
 

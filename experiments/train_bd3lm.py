@@ -17,12 +17,18 @@ prompt of the batch, so mixing 1-shot and 8-shot rows would train on hundreds of
 Evaluation (64 held-out problems) reports zero-shot and 4-shot accuracy; the command line is
 recorded in the checkpoint's ``config.json`` (``extra.args``). Torch CPU threads:
 ``OMP_NUM_THREADS`` if set, else 1 (:func:`experiments.cli.set_threads`).
+
+Resuming: rerun with the same ``--out``. Only ``--out`` and ``--eval-every`` may differ from the
+checkpoint's flags; any other change (``--steps`` too: it sets the cosine schedule) is a ValueError
+naming each flag and both values, raised before the model is loaded. ``--force-recipe`` continues
+anyway and records the change in ``config.json`` (``extra.recipe_changes``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,13 +39,15 @@ from bd3lm import BD3LM, ClipSchedule
 from dlm.checkpoints import load_model
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
-from dlm.train import TrainConfig, train
+from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
 from experiments.common import arith_config_of
 
 DEFAULT_INIT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
+#: flags that may change when a run resumes (the others are its recipe; see the module docstring)
+RESUMABLE_FLAGS = ("out", "eval_every", "force_recipe")
 
 
 def main(argv=None) -> None:
@@ -62,11 +70,19 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     # bf16 autocast is ~10x slower than fp32 on CPUs without AVX512-BF16/AMX; use it on GPUs
     p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"])
+    p.add_argument("--force-recipe", action="store_true",
+                   help="resume even though recipe flags differ from the checkpoint's (recorded in config.json)")
     args = p.parse_args(argv)
     set_threads(None)
     if args.response_length % args.block_size:
         raise ValueError(f"--response-length {args.response_length} must be a multiple of --block-size")
     out = args.out or f"runs/bd3lm-arith-{args.block_size}"
+    cfg = TrainConfig(out_dir=out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      warmup_steps=args.warmup, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
+                      ema_decay=args.ema, eval_every=args.eval_every, save_every=50, log_every=10,
+                      seed=args.seed, precision=args.precision)
+    recipe = flag_recipe({**vars(args), "init": os.path.normpath(args.init)}, RESUMABLE_FLAGS)
+    recipe_changes = check_resume(cfg, recipe, force_recipe=args.force_recipe)  # before anything is built
 
     model, tok = load_model(args.init, dtype=torch.float32)
     arith = arith_config_of(args.init)
@@ -93,15 +109,13 @@ def main(argv=None) -> None:
 
         save_bd3(m, tokenizer, d, bd3.bd3_config, dtype=torch.bfloat16)
         meta = json.loads((Path(d) / "config.json").read_text())
-        meta.setdefault("extra", {}).update(arith=asdict(arith), recipe="bd3lm-sft", args=vars(args))
+        meta.setdefault("extra", {}).update(arith=asdict(arith), recipe="bd3lm-sft", args=vars(args),
+                                            recipe_changes=recipe_changes)
         (Path(d) / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
 
-    cfg = TrainConfig(out_dir=out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
-                      ema_decay=args.ema, eval_every=args.eval_every, save_every=50, log_every=10,
-                      seed=args.seed, precision=args.precision)
     t0 = time.time()
-    train(model, bd3.objective, data, cfg, tokenizer=tok, eval_fn=eval_fn, save_fn=save_fn)
+    train(model, bd3.objective, data, cfg, tokenizer=tok, eval_fn=eval_fn, save_fn=save_fn, recipe=recipe,
+          force_recipe=args.force_recipe)
     print(json.dumps({"wall_seconds": time.time() - t0, "steps": args.steps}))
 
 

@@ -21,6 +21,14 @@ layout), the ``uniform`` per-row loss weight instead of LLaDA's high-variance 1/
 of short answers first, and a second phase with small batches of long EOS tails (a model
 trained on 32-token answers fails at gen_length 64+: it has never seen a long masked tail).
 Torch CPU threads: ``OMP_NUM_THREADS`` if set, else 1 (:func:`experiments.cli.set_threads`).
+
+Resuming: rerun with the same ``--out`` and the run continues from its last checkpoint. Only
+``--out``, ``--eval-every`` and ``--save-every`` (and the thread count) may differ: every other flag
+is the recipe (data, loss, model shape, optimizer; ``--steps`` too, since it sets the cosine
+schedule of every step) and a changed one stops the resume before anything is built, with a
+ValueError naming each flag and both values. To train further, start a new phase with
+``--init <run>/model``. ``--force-recipe`` continues anyway; the change is recorded in the model's
+``config.json`` (``extra.recipe_changes``: the step and ``[old, new]`` of each flag).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 from dataclasses import asdict
 
@@ -39,10 +48,13 @@ from dlm.objectives import LLaDASFTLoss
 from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.tasks.tokenizer import build_tokenizer
-from dlm.train import TrainConfig, train
+from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
+
+#: flags that may change when a run resumes (the others are its recipe; see the module docstring)
+RESUMABLE_FLAGS = ("out", "eval_every", "save_every", "force_recipe")
 
 
 def build_model(tok, d_model: int, n_layers: int, n_heads: int, max_seq_len: int, seed: int) -> Transformer:
@@ -102,8 +114,16 @@ def main(argv=None) -> None:
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force-recipe", action="store_true",
+                   help="resume even though recipe flags differ from the checkpoint's (recorded in config.json)")
     args = p.parse_args(argv)
     set_threads(None)
+    cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0,
+                      ema_decay=args.ema, eval_every=args.eval_every, save_every=args.save_every,
+                      log_every=10, seed=args.seed, precision=args.precision)
+    recipe = flag_recipe({**vars(args), "init": args.init and os.path.normpath(args.init)}, RESUMABLE_FLAGS)
+    recipe_changes = check_resume(cfg, recipe, force_recipe=args.force_recipe)  # before anything is built
 
     tok = build_tokenizer()
     arith = ArithConfig(min_steps=args.min_steps_per_problem, max_steps=args.max_steps_per_problem,
@@ -127,16 +147,12 @@ def main(argv=None) -> None:
         pure = score(m, tok, held_out, Strategy("pure", gen_length=64, block_length=None), batch_size=64)
         return {"acc_semiar64": semiar["accuracy"], "acc_pure64": pure["accuracy"]}
 
-    cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0,
-                      ema_decay=args.ema, eval_every=args.eval_every, save_every=args.save_every,
-                      log_every=10, seed=args.seed, precision=args.precision)
     t0 = time.time()
     objective = LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob)
-    train(model, objective, data, cfg, tokenizer=tok, eval_fn=eval_fn,
-          save_fn=functools.partial(save_model, dtype=torch.bfloat16,
-                                    extra_config={"recipe": "llada-sft", "args": vars(args),
-                                                  "arith": asdict(arith)}))
+    extra = {"recipe": "llada-sft", "args": vars(args), "arith": asdict(arith), "recipe_changes": recipe_changes}
+    train(model, objective, data, cfg, tokenizer=tok, eval_fn=eval_fn, recipe=recipe,
+          force_recipe=args.force_recipe,
+          save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
     print(json.dumps({"wall_seconds": time.time() - t0, "steps": args.steps}))
 
 

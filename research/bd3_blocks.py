@@ -27,7 +27,8 @@ from dlm.checkpoints import weights_fingerprint
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.evaluate import wilson_ci
 from experiments.cli import set_threads
-from experiments.common import REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha, repo_relative
+from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
+                                repo_relative, sample_shas)
 from experiments.evaluate import evaluate
 from experiments.strategy import Strategy
 
@@ -61,12 +62,12 @@ def run(args) -> None:
             for use_cache in (True, False):
                 n = args.n if use_cache else min(args.uncached, args.n)
                 kw = sampler_kwargs(L, args.gen_length, use_cache)
-                log = JsonlLog(out / f"L{L}_k{k}{'' if use_cache else '_uncached'}.jsonl")
                 h = config_hash({"model": repo_relative(path), **kw, "shots": k, "seed": args.seed})
-                evaluate(model, tok, problems[:n], strategy(L, args.gen_length, use_cache), log, shots=shots,
-                         batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights,
-                         tags={"block_size": L, "shots": k, "use_cache": use_cache})
-                print(f"L'={L} k={k} cache={use_cache}: {len(log.records)}/{n}", flush=True)
+                with JsonlLog(out / f"L{L}_k{k}{'' if use_cache else '_uncached'}.jsonl") as log:
+                    evaluate(model, tok, problems[:n], strategy(L, args.gen_length, use_cache), log, shots=shots,
+                             batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights,
+                             tags={"block_size": L, "shots": k, "use_cache": use_cache})
+                    print(f"L'={L} k={k} cache={use_cache}: {len(log.records)}/{n}", flush=True)
     report(args)
 
 
@@ -93,16 +94,16 @@ def report(args) -> None:
     for f in sorted(out.glob("L*_k*.jsonl"), key=lambda p: p.name):
         if f.stem.endswith("_uncached"):
             continue
-        cached = JsonlLog(f).records[: args.n]
+        cached = read_jsonl(f)[: args.n]
         if not cached:
             continue
         unc = out / f"{f.stem}_uncached.jsonl"
-        uncached = JsonlLog(unc).records if unc.exists() else []
+        uncached = read_jsonl(unc)
         first = cached[0]
         rows.append({"block_size": first["block_size"], "shots": first["shots"], **summarize(cached, uncached),
                      "model_weights": first.get("model_weights"), "config_hash": first["config_hash"]})
     rows.sort(key=lambda r: (r["shots"], r["block_size"]))
-    meta = {"git_sha": git_sha(), "seed": args.seed, "gen_length": args.gen_length,
+    meta = {"git_sha": sample_shas(out), "seed": args.seed, "gen_length": args.gen_length,
             "models": [repo_relative(m) for m in args.models]}
     atomic_write_text(out / "table.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Embedded BD3-LM by block size, GSM8K-format testbed, up to {args.gen_length} tokens", "",

@@ -5,7 +5,9 @@
 The harness used to record the decoded text as ``output`` and hash a config made of the old
 ``Strategy`` + ``Settings`` + sampler kwargs; it now records ``prediction`` and hashes
 ``{"strategy": experiments.strategy.Strategy.as_dict(), model, data, num_fewshot, chat_template,
-seed, dtype}``. For every strategy of a run's ``config.json`` this rebuilds the new
+seed, dtype}`` with ``dtype`` the concrete parameter dtype (``--dtype auto`` used to be hashed as
+"auto", so a GPU (bf16) run could resume into a CPU (fp32) file; every committed run ran on a CPU,
+where auto is float32). For every strategy of a run's ``config.json`` this rebuilds the new
 :class:`~experiments.strategy.Strategy` from the old settings (the same grid row; BD3-LM bound
 to the recorded block size and alignment), checks sample by sample that each record carries the
 old config's hash, and rewrites the records with ``prediction`` and the new hash, every other
@@ -38,18 +40,24 @@ def new_config(old: dict) -> dict:
         assert (strategy.cache == "none") == (kw.get("cache") is None) and kw.get("cache") in (None, strategy.cache)
         assert kw.get("threshold") == strategy.threshold and kw.get("factor") == strategy.factor
         assert kw.get("stop_at_eos", False) == strategy.stop_at_eos
-    return {"strategy": strategy.as_dict(), **{k: old[k] for k in ("model", "data", "num_fewshot", "chat_template",
-                                                                 "seed", "dtype")}}
+    return resolve_dtype({"strategy": strategy.as_dict(),
+                          **{k: old[k] for k in ("model", "data", "num_fewshot", "chat_template", "seed", "dtype")}})
+
+
+def resolve_dtype(cfg: dict) -> dict:
+    """``cfg`` with ``dtype`` "auto" replaced by what it meant on the CPU that ran it."""
+    return {**cfg, "dtype": "float32" if cfg["dtype"] == "auto" else cfg["dtype"]}
 
 
 def convert(run_dir: Path, check: bool) -> list[str]:
     meta = json.loads((run_dir / "config.json").read_text())
     lines = []
     for name, entry in meta["strategies"].items():
-        if "sampler" not in entry["config"]:
+        old_cfg = entry["config"]
+        cfg = new_config(old_cfg) if "sampler" in old_cfg else resolve_dtype(old_cfg)
+        if cfg == old_cfg:
             lines.append(f"{run_dir}/{name}: already converted")
             continue
-        cfg = new_config(entry["config"])
         h_old, h_new = entry["config_hash"], config_hash(cfg)
         path = run_dir / f"{name}.jsonl"
         records = read_jsonl(path)
@@ -60,8 +68,8 @@ def convert(run_dir: Path, check: bool) -> list[str]:
             new = {("prediction" if k == "output" else k): v for k, v in r.items()}
             new["config_hash"] = h_new
             assert {k: v for k, v in new.items() if k not in ("prediction", "config_hash")} == \
-                {k: v for k, v in r.items() if k not in ("output", "config_hash")}
-            assert new["prediction"] == r["output"]
+                {k: v for k, v in r.items() if k not in ("output", "prediction", "config_hash")}
+            assert new["prediction"] == r.get("output", r.get("prediction"))
             out.append(new)
         lines.append(f"{path}: {len(out)} samples, config {h_old} -> {h_new}")
         if not check:

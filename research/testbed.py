@@ -35,7 +35,8 @@ from dlm.tasks import (extract_strict, fewshot_examples, generate_problems, pars
 from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
 from dlm.tasks.sft_data import encode_answer
 from experiments.cli import set_threads
-from experiments.common import JsonlLog, arith_config_of, atomic_write_text, config_hash, git_sha, repo_relative
+from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
+                                repo_relative, sample_shas)
 from experiments.evaluate import evaluate
 from experiments.strategy import Strategy
 
@@ -81,14 +82,14 @@ def run(args) -> None:
         shots = fewshot_examples(arith, k, seed=args.seed + 1) if k else ()
         for name in args.configs:
             kw = sampler_kwargs(name, args.gen_length)
-            log = JsonlLog(out / f"{name}_k{k}.jsonl")
             h = config_hash({"model": repo_relative(args.model), **kw, "shots": k, "seed": args.seed,
                              **({"unique": True} if args.unique else {})})
-            evaluate(model, tok, problems, strategy(name, args.gen_length), log, shots=shots,
-                     batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights, tags={"shots": k},
-                     progress=lambda t, name=name, k=k, log=log: print(
-                         f"{name} k={k}: {len(log.records)}/{len(problems)} "
-                         f"acc={sum(x['correct'] for x in log.records) / len(log.records):.3f}", flush=True))
+            with JsonlLog(out / f"{name}_k{k}.jsonl") as log:
+                evaluate(model, tok, problems, strategy(name, args.gen_length), log, shots=shots,
+                         batch_size=args.batch_size, seed=args.seed, config_hash=h, weights=weights,
+                         tags={"shots": k}, progress=lambda t, name=name, k=k, log=log: print(
+                             f"{name} k={k}: {len(log.records)}/{len(problems)} "
+                             f"acc={sum(x['correct'] for x in log.records) / len(log.records):.3f}", flush=True))
     report(args)
 
 
@@ -143,7 +144,7 @@ def report(args) -> None:
             f = out / f"{name}_k{k}.jsonl"
             if not f.exists():
                 continue
-            recs = [r for r in JsonlLog(f).records][: args.n]
+            recs = read_jsonl(f)[: args.n]
             if any(target_of.get(r["id"]) != r["target"] for r in recs):
                 raise ValueError(f"{f} holds other held-out problems than --n/--seed/--unique and the "
                                  f"model's task give; report it with the arguments it was run with")
@@ -164,8 +165,8 @@ def report(args) -> None:
                          **tail_stats(recs),
                          **chains,
                          **sampler_kwargs(name, args.gen_length)})
-    meta = {"git_sha": git_sha(), "model": repo_relative(args.model), "seed": args.seed, "gen_length": args.gen_length,
-            "unique": args.unique}
+    meta = {"git_sha": sample_shas(out), "model": repo_relative(args.model), "seed": args.seed,
+            "gen_length": args.gen_length, "unique": args.unique}
     atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
              f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking"
@@ -211,7 +212,7 @@ def paired_table(out: Path, n: int, shots: list[int], steps_of: dict | None = No
             files = [out / f"{m}_k{k}.jsonl" for m in (semi_name, "pure")]
             if not all(f.exists() for f in files):
                 continue
-            semi, pure = ({r["id"]: r["correct"] for r in JsonlLog(f).records[:n]} for f in files)
+            semi, pure = ({r["id"]: r["correct"] for r in read_jsonl(f)[:n]} for f in files)
             common = sorted(set(semi) & set(pure))
             groups = [("all", common)]
             if steps_of:
@@ -283,7 +284,7 @@ def tokens_per_step_table(out: Path, n: int, gen_length: int = 256) -> list[str]
     lines = []
     for base in ("semiar32", "pure"):
         names = [base] + [f"{base}_s{d}" for d in DIVS[1:]]
-        recs = {m: {r["id"]: r for r in JsonlLog(out / f"{m}_k0.jsonl").records[:n]}
+        recs = {m: {r["id"]: r for r in read_jsonl(out / f"{m}_k0.jsonl")[:n]}
                 for m in names if (out / f"{m}_k0.jsonl").exists()}
         if len(recs) < 2:
             continue

@@ -24,7 +24,8 @@ def find_shared_data(relpath: str) -> Path:
     """Path of ``relpath`` under the shared data directory, or skip/fail the test.
 
     ``$DLM_SHARED_DATA`` (if set) is searched before the default location.  A
-    missing file fails the test when ``CI=true`` and skips it otherwise.
+    missing file fails the test when ``CI=true`` and skips it otherwise; the message
+    names the missing file and where to put it.
     """
     roots = [Path(os.environ["DLM_SHARED_DATA"])] if os.environ.get("DLM_SHARED_DATA") else []
     roots.append(DEFAULT_SHARED_DATA)
@@ -32,7 +33,9 @@ def find_shared_data(relpath: str) -> Path:
         candidate = root / relpath
         if candidate.exists():
             return candidate
-    message = f"shared data file {relpath!r} not found under {[str(r) for r in roots]}"
+    message = (f"shared data {relpath!r} is missing: put it at {DEFAULT_SHARED_DATA / relpath} (the data mirror "
+               f"../shared/data beside the checkout; a symlink is fine) or set DLM_SHARED_DATA to a folder "
+               f"holding {relpath} (searched: {', '.join(str(r) for r in roots)})")
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)

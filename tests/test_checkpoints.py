@@ -235,3 +235,58 @@ def test_weights_fingerprint_follows_content_not_path(tmp_path):
     assert weights_fingerprint(a) != weights_fingerprint(b)
     with pytest.raises(FileNotFoundError):
         weights_fingerprint(tmp_path / "missing")
+
+
+def test_load_model_device_errors_are_not_called_corruption(tmp_path, monkeypatch):
+    save_model(tiny_model(), None, tmp_path / "ok")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda' requested but torch\.cuda\.is_available\(\) is False") as e:
+        load_model(tmp_path / "ok", device="cuda")
+    assert "corrupt" not in str(e.value)
+    with pytest.raises(ValueError, match=r"device 'cuda:1'"):
+        load_model(tmp_path / "ok", device=torch.device("cuda", 1))
+    with pytest.raises(ValueError, match=r"device 'gpu0' is not a valid torch device") as e:
+        load_model(tmp_path / "ok", device="gpu0")
+    assert "corrupt" not in str(e.value)
+
+
+def test_weight_read_errors_keep_their_cause_and_name_the_file(tmp_path, monkeypatch):
+    import safetensors
+
+    save_model(tiny_model(), None, tmp_path / "ok")
+    weights = tmp_path / "ok" / "model.safetensors"
+    data = weights.read_bytes()
+    # a real format error: relabelled, the safetensors error kept as the cause
+    weights.write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="truncated or corrupt") as e:
+        load_model(tmp_path / "ok")
+    assert str(weights) in str(e.value) and isinstance(e.value.__cause__, safetensors.SafetensorError)
+    weights.write_bytes(data)
+    # anything else (out of memory, a device error) keeps its type and names the file in a note
+    import safetensors as st
+
+    real_open = st.safe_open
+
+    class Boom:
+        """safe_open whose tensor reads run out of memory."""
+
+        def __init__(self, *args, **kwargs):
+            self.real = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def keys(self):
+            return list(self.real.keys())
+
+        def get_tensor(self, name):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(st, "safe_open", Boom)
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory") as e:
+        load_model(tmp_path / "ok")
+    assert "corrupt" not in str(e.value)
+    assert any(str(weights) in note for note in getattr(e.value, "__notes__", []))

@@ -7,6 +7,7 @@ so a resumed run must give byte-identical JSONL and tables to an uninterrupted o
 from __future__ import annotations
 
 import json
+import time
 import math
 import os
 import shutil
@@ -166,6 +167,9 @@ def test_rerun_skips_done_ids_and_merge_dedups(ckpt, tmp_path):
     r0.write_text("".join(json.dumps(r) + "\n" for r in recs[0::2]))
     r1.write_text("".join(json.dumps(r) + "\n" for r in [recs[1], recs[3], recs[1]]))
     main.write_text(json.dumps(recs[0]) + "\n")
+    with pytest.raises(ValueError, match="repeated"):  # one file holding an id twice is refused
+        merge_logs(main, [r0, r1])
+    r1.write_text("".join(json.dumps(r) + "\n" for r in [recs[1], recs[3]]))
     assert merge_logs(main, [r0, r1]) == 4
     first = main.read_text()
     assert merge_logs(main, [r0, r1]) == 4 and main.read_text() == first
@@ -327,3 +331,57 @@ def test_local_gsm8k_jsonl_fewshot_and_bd3lm(ckpt, tmp_path, capsys):
     (tmp_path / "train.jsonl").unlink()
     with pytest.raises(ValueError, match="--num-fewshot"):
         gsm8k.run(gsm8k.parse_config(base + ["--out", str(tmp_path / "c")]))
+
+
+def test_per_sample_costs_do_not_depend_on_the_batch_size(ckpt, tmp_path):
+    """The same config at batch sizes 1, 3 and 6 records identical per-sample costs and outputs
+    (every strategy with a cache, a parallel rule and the EOS stop included)."""
+    names = ["baseline_semiar", "fastdllm_dual_threshold", "abl_prefix_topk_eos_semiar", "abl_dual_threshold_eos_full"]
+    keys = ("prediction", "nfe", "steps", "positions_computed", "flops", "tokens_committed", "tokens_until_eos")
+    by_size = {}
+    for bs in (1, 3, 6):
+        out = tmp_path / f"b{bs}"
+        gsm8k.run(gsm8k.parse_config(["--model", str(ckpt), "--out", str(out), "--limit", "6", "--batch-size",
+                                      str(bs), "--gen-length", "32", "--block-length", "4", "--dtype", "float64",
+                                      "--strategies", *names]), clock=FakeClock())
+        by_size[bs] = {n: {r["id"]: tuple(r[k] for k in keys) for r in read_jsonl(out / f"{n}.jsonl")} for n in names}
+        assert all(r["cost_basis"] == "row" and r["batch_rows"] <= bs for n in names
+                   for r in read_jsonl(out / f"{n}.jsonl"))
+    assert by_size[1] == by_size[3] == by_size[6]
+    varied = [n for n in names if len({v[1] for v in by_size[6][n].values()}) > 1]
+    assert varied, "no strategy's rows differ in cost: the equality would be trivial"
+
+
+def test_a_second_run_into_the_same_folder_fails_at_once_naming_the_first(ckpt, tmp_path):
+    """Two harness runs with one --out: the second refuses before loading anything, naming the
+    holder's pid; the first's results equal an uninterrupted run's."""
+    import multiprocessing as mp
+
+    from experiments.common import results_lock
+
+    out = tmp_path / "o"
+    out.mkdir()
+    ctx = mp.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+
+    def holder():
+        with results_lock(out):
+            ready.set()
+            release.wait(30)
+
+    p = ctx.Process(target=holder)
+    p.start()
+    try:
+        assert ready.wait(30)
+        clock = FakeClock()
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=rf"locked by pid {p.pid}"):
+            run(ckpt, out, clock=clock)
+        assert time.monotonic() - t0 < 1.0 and clock.calls == 0 and not list(out.glob("*.jsonl"))
+    finally:
+        release.set()
+        p.join(30)
+    run(ckpt, out)  # the lock is free again
+    run(ckpt, tmp_path / "ref")
+    for name in TWO:
+        assert (out / f"{name}.jsonl").read_text() == (tmp_path / "ref" / f"{name}.jsonl").read_text()

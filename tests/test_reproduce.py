@@ -1,11 +1,19 @@
 """experiments.reproduce: the plan covers every committed artefact, the scheduler skips finished
-work and blocks dependants of a failure, --verify compares samples, bad arguments are refused."""
+work and blocks dependants of a failure, --verify compares samples, bad arguments are refused, the
+summary names what failed and how to rerun it, and a rebuild that changes nothing writes nothing
+(a fresh clone stays clean, with ../shared a symlink or without it)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -173,3 +181,140 @@ def test_jobs_die_with_a_killed_reproduce():
     while alive() and time.time() < deadline:
         time.sleep(0.05)
     assert not alive()
+
+
+def _fake_run(outcomes: dict, write: dict = {}):
+    """A stand-in for :func:`reproduce.run_jobs`: writes ``write`` ({path under out: text}) and
+    returns ``outcomes`` ({job: (status, seconds)})."""
+    def run_jobs(jobs, out, workers, logs, force=False, **kw):
+        for rel_path, text in write.items():
+            (out / rel_path).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel_path).write_text(text)
+        return {n: reproduce.Outcome(s, sec, 1 if s == "failed" else None) for n, (s, sec) in outcomes.items()}
+    return run_jobs
+
+
+def test_summary_names_failed_and_blocked_jobs_and_how_to_rerun_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(reproduce, "prepare_fresh", lambda out: None)
+    monkeypatch.setattr(reproduce, "run_jobs", _fake_run({
+        "testbed_report": ("ran", 1.0), "bd3lm_blocks_report": ("skipped", 0.0),
+        "perplexity_eval": ("failed", 2.0), "perplexity_report": ("blocked", 0.0)}))
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    argv = ["--out", out, "--work", work, "--jobs", "2", "--only", "testbed_report", "bd3lm_blocks_report",
+            "perplexity_eval", "perplexity_report"]
+    assert reproduce.main(argv) == 1
+    text = capsys.readouterr().out
+    assert "ran 1, skipped 1, failed 1 (perplexity_eval), blocked 1 (perplexity_report)" in text
+    rerun = shlex.join(["python", "-m", "experiments.reproduce", "--out", out, "--work", work, "--jobs", "2",
+                        "--only", "perplexity_eval", "perplexity_report"])
+    assert rerun in text and f"{work}/logs/perplexity_eval.log" in text
+
+
+def test_a_rebuild_that_changes_nothing_writes_nothing(tmp_path, monkeypatch):
+    """reproduce.json (and README.md, verify.md) are rewritten only when an output or a job's
+    status changed; each run's timings go to <work>/logs/runs.jsonl."""
+    monkeypatch.setattr(reproduce, "prepare_fresh", lambda out: None)
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = ["--out", str(out), "--work", str(work), "--only", "testbed_report"]
+    meta = [out / "reproduce.json", out / "README.md", out / "verify.md"]
+
+    def run(status, seconds, text):
+        monkeypatch.setattr(reproduce, "run_jobs", _fake_run({"testbed_report": (status, seconds)},
+                                                             {"testbed/testbed.md": text}))
+        reproduce.main(argv)
+        return [(p.read_bytes(), p.stat().st_mtime_ns) for p in meta]
+
+    first = run("ran", 1.0, "table")
+    assert run("ran", 2.5, "table") == first  # same outputs, other timings: nothing rewritten
+    assert run("skipped", 0.0, "table") == first  # skipped and ran are both a success
+    logged = [json.loads(x) for x in (work / "logs" / "runs.jsonl").read_text().splitlines()]
+    assert [r["jobs"]["testbed_report"]["seconds"] for r in logged] == [1.0, 2.5, 0.0]
+    changed = run("ran", 3.0, "another table")
+    assert changed[0][0] != first[0][0] and changed[1:] == first[1:]
+    assert json.loads(changed[0][0])["jobs"]["testbed_report"]["seconds"] == 3.0
+    failed = run("failed", 1.0, "another table")
+    assert json.loads(failed[0][0])["jobs"]["testbed_report"]["status"] == "failed"
+
+
+# ----------------------------------------------------------------- a fresh clone, rebuilt in place
+#: jobs that only rebuild tables from the committed samples and records (seconds each)
+TABLE_JOBS = ("perplexity_eval", "perplexity_report")
+#: table jobs whose writers still stamp the SHA of the build, not of the samples (owned elsewhere):
+#: research/testbed.py (meta "git_sha": git_sha(), the "git ..." line of testbed.md),
+#: research/bd3_blocks.py (the same in table.md / table.json), experiments/report.py
+#: ("report_git_sha" of table.json, "(report ...)" in table.md) and experiments/gsm8k.py (config.json
+#: "git_sha"); the GSM8K jobs find every sample recorded and rebuild their tables (~15 s each)
+OTHER_TABLE_JOBS = ("testbed_report", "testbed_loop_report", "testbed_chain_report", "testbed_chain_s50_report",
+                    "bd3lm_blocks_report", "gsm8k_256", "gsm8k_512", "gsm8k_256_4shot", "gsm8k_512_4shot")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def fresh_clone(root: Path, mirror: Optional[Path] = None) -> Path:
+    """``root/repo``: a clone of this checkout with its working tree committed on top (what the
+    next commit would hold); with ``mirror`` (a data folder), ``root/shared`` is a symlink whose
+    ``data`` is that folder."""
+    clone = root / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    files = _git(REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for f in filter(None, files):
+        src, dst = REPO / f, clone / f
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+        elif dst.exists():
+            dst.unlink()
+    _git(clone, "add", "-A")
+    _git(clone, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "working tree")
+    if mirror is not None and mirror.name == "data":
+        (root / "shared").symlink_to(mirror.resolve().parent, target_is_directory=True)
+    elif mirror is not None:
+        (root / "shared-dir").mkdir()
+        (root / "shared-dir" / "data").symlink_to(mirror.resolve(), target_is_directory=True)
+        (root / "shared").symlink_to(root / "shared-dir", target_is_directory=True)
+    return clone
+
+
+def _rebuild(clone: Path, jobs: tuple) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DLM_SHARED_DATA"}
+    return subprocess.run([sys.executable, "-m", "experiments.reproduce", "--jobs", "2", "--only", *jobs],
+                          cwd=clone, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+
+
+@pytest.mark.slow  # a clone of the repository and the table jobs (~1 min)
+@pytest.mark.parametrize("shared", ["symlink", "none"])
+def test_a_noop_rebuild_of_a_fresh_clone_leaves_it_clean(tmp_path, shared):
+    mirror = None
+    if shared == "symlink":
+        from conftest import find_shared_data
+
+        mirror = find_shared_data("lm1b-sample").parent  # the mirror this checkout sees, linked beside the clone
+    clone = fresh_clone(tmp_path, mirror)
+    head = _git(clone, "rev-parse", "HEAD").strip()
+    res = _rebuild(clone, TABLE_JOBS)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _git(clone, "status", "--porcelain") == ""
+    sha = [sys.executable, "-c", "from experiments.common import git_sha; print(git_sha())"]
+    (clone / "results" / "perplexity_laptop.md").write_text("edited")  # results are outputs, not code
+    assert subprocess.run(sha, cwd=clone, capture_output=True, text=True).stdout.strip() == head
+    (clone / "experiments" / "__init__.py").write_text("# edited\n")
+    assert subprocess.run(sha, cwd=clone, capture_output=True, text=True).stdout.strip() == head + "-dirty"
+
+
+@pytest.mark.slow
+def test_a_noop_rebuild_of_the_other_tables_leaves_a_clone_clean(tmp_path):
+    clone = fresh_clone(tmp_path)
+    res = _rebuild(clone, OTHER_TABLE_JOBS)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _git(clone, "status", "--porcelain") == ""
+
+
+def test_table_numbers_are_rounded_before_formatting():
+    """Float noise in a drift table cannot print -0.000000 or a stray 1e-17 where 0 is meant."""
+    from experiments.drift import _num
+
+    assert [_num(-1e-9, ".6f"), _num(-3e-17, ".3e"), _num(2e-17, ".3e"), _num(-0.0, ".2f")] == \
+        ["0.000000", "0.000e+00", "0.000e+00", "0.00"]
+    assert [_num(0.99999996, ".6f"), _num(1.899e-3, ".3e"), _num(4582.0, ".0f")] == ["1.000000", "1.899e-03", "4582"]

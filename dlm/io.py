@@ -1,0 +1,199 @@
+"""Atomic writes with ordinary permissions, and the temp leftovers of a killed writer.
+
+Every file this library writes atomically goes to a temp name beside its target and is renamed
+into place (``os.replace``), so a reader sees the old complete file or the new one. ``tempfile``
+creates temp files 0600 and temp dirs 0700; a plain ``open`` would have given 0666 / 0777 minus
+the process umask (0644 / 0755 under the usual 022). :func:`file_mode` / :func:`dir_mode` are
+those ordinary modes, and every helper here sets them before the rename, so the written results,
+tables and checkpoints are readable by whoever could read a file the process wrote by hand.
+
+:func:`write_dir` writes a directory the same way; :func:`trim_jsonl` rewrites a log without the
+records past a point (and a last line cut short). Temp names: ``.<target name>.tmp-<random>`` (files and dirs) and ``.<target name>.old-<random>``
+(a directory being replaced); :func:`leftover_temps` finds them (and the names older versions of
+``dlm.train`` used: ``tmp-*``, ``old-*``, ``.tmp-*``) so a restarted run can remove them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from typing import Callable, Iterator, Union
+
+PathLike = Union[str, os.PathLike]
+#: name patterns of temp files / dirs left behind when a writer is killed mid-write
+TEMP_PATTERNS = (".*.tmp-*", ".*.old-*", "tmp-*", "old-*", ".tmp-*")
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc/self/status``);
+    elsewhere by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode of a file created by ``open``: ``0o666`` minus the umask (0644 under umask 022)."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Mode of a directory created by ``os.mkdir``: ``0o777`` minus the umask (0755 under 022)."""
+    return 0o777 & ~current_umask()
+
+
+def fix_modes(path: PathLike) -> None:
+    """Give ``path`` (and, for a directory, everything under it) the ordinary modes of
+    :func:`file_mode` / :func:`dir_mode`. Symbolic links are left alone."""
+    fmode, dmode = file_mode(), dir_mode()
+    path = os.fspath(path)
+    if os.path.islink(path):
+        return
+    if not os.path.isdir(path):
+        os.chmod(path, fmode)
+        return
+    os.chmod(path, dmode)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), dmode)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), fmode)
+
+
+@contextmanager
+def atomic_path(path: PathLike) -> Iterator[str]:
+    """Yield a temp file path beside ``path``; when the block succeeds the file gets
+    :func:`file_mode` and replaces ``path``; when it raises the temp file is removed."""
+    path = os.fspath(path)
+    parent = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, optional fsync, rename), mode
+    :func:`file_mode`; the parent directory is created when missing."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    parent = os.path.dirname(os.fspath(path))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8", fsync: bool = True) -> None:
+    """:func:`atomic_write_bytes` of ``text`` encoded with ``encoding``."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    atomic_write_bytes(path, text.encode(encoding), fsync=fsync)
+
+
+def temp_dir_for(target: PathLike) -> str:
+    """A new empty directory beside ``target`` (created with parents), mode :func:`dir_mode`."""
+    target = os.path.abspath(os.fspath(target))
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+    os.chmod(tmp, dir_mode())
+    return tmp
+
+
+def replace_dir(tmp: PathLike, target: PathLike) -> None:
+    """Give ``tmp`` (a complete directory beside ``target``) ordinary modes and swap it in by
+    renames: ``target`` is the old complete directory or the new one, never half-written (briefly
+    absent between the two renames). On failure ``tmp`` is removed."""
+    tmp, target = os.fspath(tmp), os.path.abspath(os.fspath(target))
+    try:
+        fix_modes(tmp)
+        old = None
+        if os.path.lexists(target):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
+            os.rmdir(old)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_dir(target: PathLike, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` fills a temp dir beside ``target``, which then replaces ``target``
+    (:func:`replace_dir`); if ``write`` raises, the temp dir is removed and ``target`` untouched."""
+    tmp = temp_dir_for(target)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, target)
+
+
+def trim_jsonl(path: PathLike, keep: Callable[[dict], bool]) -> int:
+    """Rewrite the JSONL file ``path`` (atomically, only when something goes) with the records
+    ``keep`` accepts; a line cut short by a kill (no newline, bad JSON) goes too. Returns the
+    number of lines dropped (0 when ``path`` does not exist)."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line) if line.endswith("\n") else None
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and keep(record):
+            kept.append(line)
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(kept), fsync=False)
+    return len(lines) - len(kept)
+
+
+def leftover_temps(directory: PathLike) -> list[str]:
+    """Names in ``directory`` that are temp files or dirs of an interrupted atomic write
+    (:data:`TEMP_PATTERNS`), sorted; [] when ``directory`` does not exist."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in TEMP_PATTERNS))
+
+
+def remove_leftover_temps(directory: PathLike) -> list[str]:
+    """Remove :func:`leftover_temps` of ``directory``; returns the names removed."""
+    removed = leftover_temps(directory)
+    for name in removed:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    return removed

@@ -1,0 +1,117 @@
+"""experiments.report never states something its rows do not support: a missing baseline row is
+named (speed-ups relative to another row, said in table.md / table.csv / table.json / ablation.md),
+and throughputs from different batch sizes are flagged next to the throughput."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from experiments import report
+
+FACTORS = {
+    "baseline_semiar": {"kind": "baseline", "cache": "none", "parallel": "topk", "stop_at_eos": False,
+                        "block_length": 32},
+    "fastdllm_dual": {"kind": "fastdllm", "cache": "dual", "parallel": "topk", "stop_at_eos": False,
+                      "block_length": 32},
+    "fastdllm_threshold": {"kind": "fastdllm", "cache": "none", "parallel": "threshold", "stop_at_eos": False,
+                           "block_length": 32},
+}
+
+
+def _records(name: str, n: int, seconds: float, batch_rows) -> list[dict]:
+    """``n`` synthetic per-sample records; ``batch_rows`` is one size or a list, one per record."""
+    sizes = batch_rows if isinstance(batch_rows, list) else [batch_rows] * n
+    return [{"id": f"p{i}", "index": i, "strategy": name, "correct": i % 2 == 0, "tokens_until_eos": 10,
+             "seconds": seconds, "nfe": 8, "steps": 8, "tokens_committed": 16, "positions_computed": 100,
+             "batch_rows": sizes[i], "factors": FACTORS[name], "config_hash": f"h-{name}", "git_sha": "g"}
+            for i in range(n)]
+
+
+def _write(out, runs: dict[str, list[dict]]) -> None:
+    out.mkdir(exist_ok=True)
+    for name, records in runs.items():
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _build(out):
+    rep = report.build_report(out, n_resamples=50, plot=False)
+    return rep, json.loads((out / "table.json").read_text())["meta"]
+
+
+def test_speedups_name_their_reference_row(tmp_path):
+    _write(tmp_path, {"baseline_semiar": _records("baseline_semiar", 8, 1.0, 8),
+                      "fastdllm_dual": _records("fastdllm_dual", 8, 0.25, 8)})
+    rep, meta = _build(tmp_path)
+    assert meta["speedup_reference"] == "baseline_semiar" and meta["speedup_note"] is None
+    assert "speed-up vs `baseline_semiar`" in rep.table_md and "no baseline_semiar row" not in rep.table_md
+    assert [r.speedup for r in rep.rows] == [1.0, 4.0]
+
+
+def test_missing_baseline_row_is_said_not_silently_replaced(tmp_path):
+    _write(tmp_path, {"fastdllm_dual": _records("fastdllm_dual", 8, 0.5, 8),
+                      "fastdllm_threshold": _records("fastdllm_threshold", 8, 0.25, 8)})
+    rep, meta = _build(tmp_path)
+    note = "no baseline_semiar row: speed-ups relative to fastdllm_dual instead"
+    assert meta["speedup_reference"] == "fastdllm_dual" and meta["speedup_note"] == note
+    assert note in rep.table_md and "speed-up vs `baseline_semiar`" not in rep.table_md
+    assert "| speed-up vs fastdllm_dual |" in rep.table_md
+    table = list(csv.DictReader(io.StringIO(rep.table_csv)))
+    assert {r["speedup_vs"] for r in table} == {"fastdllm_dual"}
+    assert [float(r["speedup"]) for r in table] == [1.0, 2.0]
+    assert "no baseline_semiar row: the fastdllm_dual row's instead" in rep.ablation_md
+
+
+def test_mixed_batch_sizes_are_flagged_next_to_throughput(tmp_path):
+    _write(tmp_path, {"baseline_semiar": _records("baseline_semiar", 8, 1.0, 8),
+                      "fastdllm_dual": _records("fastdllm_dual", 8, 0.25, 1)})
+    rep, meta = _build(tmp_path)
+    assert meta["mixed_batch_rows"] is True and meta["batch_rows"] == {"baseline_semiar": "8", "fastdllm_dual": "1"}
+    assert "**Mixed batch sizes**" in rep.table_md and "| tokens/s (batch size) |" in rep.table_md
+    assert "| 10.0 (batch 8) |" in rep.table_md and "| 40.0 (batch 1) |" in rep.table_md
+    assert [r["batch_rows"] for r in csv.DictReader(io.StringIO(rep.table_csv))] == ["8", "1"]
+
+
+def test_uniform_batches_with_a_partial_last_batch_are_not_mixed(tmp_path):
+    _write(tmp_path, {"baseline_semiar": _records("baseline_semiar", 10, 1.0, [4] * 8 + [2] * 2),
+                      "fastdllm_dual": _records("fastdllm_dual", 12, 0.25, 4)})
+    rep, meta = _build(tmp_path)
+    assert meta["mixed_batch_rows"] is False and set(meta["batch_rows"].values()) == {"4"}
+    assert "Mixed batch sizes" not in rep.table_md and "(batch " not in rep.table_md
+
+
+def test_a_row_resumed_at_another_batch_size_is_mixed(tmp_path):
+    _write(tmp_path, {"baseline_semiar": _records("baseline_semiar", 12, 1.0, [8] * 8 + [2] * 4)})
+    rep, meta = _build(tmp_path)
+    assert meta["batch_rows"] == {"baseline_semiar": "2 8"} and meta["mixed_batch_rows"] is True
+    assert "| 10.0 (batch 2 8) |" in rep.table_md
+
+
+def test_batch_sizes_of_records():
+    assert report.batch_sizes([{"batch_rows": 32}] * 64 + [{"batch_rows": 20}] * 20) == "32"
+    assert report.batch_sizes([{"batch_rows": 32}] * 32 + [{"batch_rows": 8}] * 16) == "8 32"
+    assert report.batch_sizes([{"batch_rows": 32}, {}]) == "?"
+
+
+def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
+    """Close points get labels whose boxes do not overlap (the old fixed offsets collided)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from experiments.report import place_labels
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    pts = [(50 + i, 60 + (i % 3)) for i in range(8)] + [(3, 40), (3.1, 41)]
+    ax.set_xscale("log")
+    ax.set_xlim(1.5, 200)
+    ax.set_ylim(30, 75)
+    ax.plot(*zip(*pts), "o")
+    texts = place_labels(ax, pts, [f"strategy_name_{i}" for i in range(len(pts))], [dict(fontsize=8)] * len(pts))
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    overlapping = [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
+    assert not overlapping
+    plt.close(fig)
