@@ -51,7 +51,7 @@ from dlm.tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, 
 from experiments.cli import DTYPES, device_of, dtype_of, set_threads
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                                 git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
-from experiments.evaluate import check_resumable, evaluate, existing_records
+from experiments.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from experiments.strategy import GRIDS, STRATEGY_NAMES, Strategy, resolve
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
@@ -338,7 +338,9 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
     jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
     for j in jobs:  # every file is checked before any compute
         path = cfg.out / f"{j.strategy.name}.jsonl"
-        check_resumable(existing_records(path), path, j.config_hash, j.loaded.weights)
+        done = existing_records(path)
+        check_resumable(done, path, j.config_hash, j.loaded.weights)
+        check_same_problems(done, problems, path)
     sha = git_sha()
     if info.is_main:
         write_config(cfg, jobs, sha)

@@ -190,16 +190,51 @@ def verify(jobs: list[Job], out: Path, ref: Path, sha: Optional[str] = None) -> 
 
 INDEX_HEAD = """# results/
 
-Every artefact here, with the job of `python -m experiments.reproduce` that makes it and the
-command that job runs (from the repository root; `OMP_NUM_THREADS=1` per process on a CPU).
-Per-sample JSONL files are the source of truth: tables are rebuilt from them alone, each line
-carries its config hash and seed, and each summary file the git SHA. `reproduce` reruns every
-job; the sample-level scripts skip what is already recorded. Training jobs run only with `--full`.
+What each committed table answers. Per-sample JSONL files are the source of truth: every table is
+rebuilt from them alone (`python -m experiments.reproduce`), each line carries its config hash,
+seed and the commit that produced it. The job and the exact command behind every file:
+[JOBS.md](JOBS.md); how to rerun and verify: [docs/reproducing.md](../docs/reproducing.md).
 """
+
+#: (question, job-name prefixes): the groups of the human index, in reading order
+QUESTIONS = (
+    ("How much faster is each cache / commit rule, at what accuracy? (Fast-dLLM Table 1 layout)", ("gsm8k_",)),
+    ("Does semi-autoregressive decoding beat pure diffusion, and why (the EOS tail)?", ("testbed_",)),
+    ("Is BD3-LM's KV cache exact, and what does each block size give?", ("bd3lm_blocks",)),
+    ("Perplexity vs block size (BD3-LM Table 3) and clipped schedules (Table 2)", ("perplexity_",)),
+    ("What does each sampler compute: passes, positions, FLOPs?", ("cost_",)),
+    ("How far do the approximate caches drift from exact recomputation?", ("drift_",)),
+    ("In which order does each sampler commit tokens?", ("trace_",)),
+)
 
 
 def index(jobs: list[Job]) -> str:
-    lines = [INDEX_HEAD, "| artefact | what | job | command |", "|---|---|---|---|"]
+    """``results/README.md``: the tables grouped by the question they answer (one short line each)."""
+    lines = [INDEX_HEAD]
+    for question, prefixes in QUESTIONS:
+        group = [j for j in jobs if j.name.startswith(prefixes) and not j.training]
+        shown = [(j.what, [a for a in j.artefacts if a.endswith((".md", ".png"))]) for j in group]
+        shown = [(what, arts) for what, arts in shown if arts]
+        samples = sorted({g.split("/")[0] if "/" in g else g for j in group for g in j.samples})
+        if not shown and not samples:
+            continue
+        lines += [f"## {question}", ""]
+        lines += [f"- {what}: " + " · ".join(f"[`{a}`]({a})" for a in arts) for what, arts in shown]
+        if samples:
+            lines.append("- per-sample files: " + ", ".join(f"`{d}`" for d in samples))
+        lines.append("")
+    lines += ["## How the embedded models were trained", "",
+              "`checkpoints/`: the models every table uses; recipes in [docs/training.md](../docs/training.md), "
+              "jobs (run with `--full`) in [JOBS.md](JOBS.md).", ""]
+    return "\n".join(lines)
+
+
+def jobs_table(jobs: list[Job]) -> str:
+    """``results/JOBS.md``: every artefact with the job that makes it and that job's command."""
+    lines = ["# Jobs of `python -m experiments.reproduce`", "",
+             "Every artefact, the job that makes it and the command that job runs (from the repository root; "
+             "one thread per process on a CPU). Training jobs run only with `--full`.", "",
+             "| artefact | what | job | command |", "|---|---|---|---|"]
     for j in jobs:
         arts = "<br>".join(f"`{a}`" for a in (*j.artefacts, *j.samples))
         cmd = shlex.join(j.command()[1:]).replace("|", "\\|")
@@ -335,6 +370,7 @@ def main(argv=None) -> int:
            "cpu_count": os.cpu_count(), "wall_s": wall}
     wrote = record_run(out, work, jobs, res, run, changed, started)
     write_if_changed(out / "README.md", index(jobs))
+    write_if_changed(out / "JOBS.md", jobs_table(jobs))
     ref = Path(a.verify) if a.verify else (None if in_place else RESULTS)
     if ref is not None:
         report = verify(selected, out, ref, sha)

@@ -385,3 +385,33 @@ def test_a_second_run_into_the_same_folder_fails_at_once_naming_the_first(ckpt, 
     run(ckpt, tmp_path / "ref")
     for name in TWO:
         assert (out / f"{name}.jsonl").read_text() == (tmp_path / "ref" / f"{name}.jsonl").read_text()
+
+
+def test_a_resume_over_edited_data_is_refused_naming_the_sample(ckpt, tmp_path):
+    """Sample ids of a local --data file are row numbers: an edited row must not mix old targets
+    with new answers. Records fingerprint their problem; a changed one refuses the resume."""
+    from dlm.tasks import generate_problems
+
+    rows = [{"question": p.question, "answer": p.answer} for p in generate_problems(n=3, split="test")]
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["--model", str(ckpt), "--data", str(data), "--limit", "3", "--batch-size", "2", "--gen-length", "8",
+            "--block-length", "4", "--strategies", "baseline_semiar", "--out", str(tmp_path / "o")]
+    gsm8k.run(gsm8k.parse_config(base), clock=FakeClock())
+    assert len({r["problem"] for r in read_jsonl(tmp_path / "o" / "baseline_semiar.jsonl")}) == 3
+    rows[1]["answer"] = rows[1]["answer"].rsplit("####", 1)[0] + "#### 12345"  # the 2nd target edited in place
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="gsm8k-test-1.*another problem"):
+        gsm8k.run(gsm8k.parse_config(base), clock=clock)
+    assert clock.calls == 0
+
+
+def test_dtype_auto_is_hashed_as_the_dtype_it_resolves_to(ckpt, tmp_path):
+    """--dtype auto means bf16 on a GPU and fp32 on a CPU: the config records the concrete dtype, so
+    a GPU run cannot resume into a CPU run's file."""
+    run(ckpt, tmp_path / "a", "--dtype", "auto", "--strategies", "baseline_semiar")
+    run(ckpt, tmp_path / "b", "--dtype", "float32", "--strategies", "baseline_semiar")
+    cfg = {k: json.loads((tmp_path / k / "config.json").read_text())["strategies"]["baseline_semiar"]
+           for k in ("a", "b")}
+    assert cfg["a"]["config"]["dtype"] == "float32" and cfg["a"]["config_hash"] == cfg["b"]["config_hash"]

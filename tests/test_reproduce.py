@@ -57,6 +57,7 @@ def test_every_committed_result_file_is_made_by_a_job():
 
 def test_committed_index_is_the_plan():
     assert (RESULTS / "README.md").read_text() == reproduce.index(plan("results", "runs/reproduce"))
+    assert (RESULTS / "JOBS.md").read_text() == reproduce.jobs_table(plan("results", "runs/reproduce"))
 
 
 def test_limit_caps_samples_and_full_uses_retrained_checkpoints():
