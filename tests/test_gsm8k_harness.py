@@ -355,32 +355,16 @@ def test_per_sample_costs_do_not_depend_on_the_batch_size(ckpt, tmp_path):
 def test_a_second_run_into_the_same_folder_fails_at_once_naming_the_first(ckpt, tmp_path):
     """Two harness runs with one --out: the second refuses before loading anything, naming the
     holder's pid; the first's results equal an uninterrupted run's."""
-    import multiprocessing as mp
-
-    from experiments.common import results_lock
+    from test_results_io import holder  # a spawned process holding a lock until released
 
     out = tmp_path / "o"
     out.mkdir()
-    ctx = mp.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-
-    def holder():
-        with results_lock(out):
-            ready.set()
-            release.wait(30)
-
-    p = ctx.Process(target=holder)
-    p.start()
-    try:
-        assert ready.wait(30)
+    with holder(out, how="lock") as p:
         clock = FakeClock()
         t0 = time.monotonic()
         with pytest.raises(ValueError, match=rf"locked by pid {p.pid}"):
             run(ckpt, out, clock=clock)
         assert time.monotonic() - t0 < 1.0 and clock.calls == 0 and not list(out.glob("*.jsonl"))
-    finally:
-        release.set()
-        p.join(30)
     run(ckpt, out)  # the lock is free again
     run(ckpt, tmp_path / "ref")
     for name in TWO:

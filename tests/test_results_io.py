@@ -19,7 +19,7 @@ import pytest
 from experiments.common import (REPO, JsonlLog, ResultsLockedError, lock_file_of, merge_logs, read_jsonl,
                                 results_lock)
 
-FORK = multiprocessing.get_context("fork")
+FORK = multiprocessing.get_context("spawn")  # a fresh interpreter: inherits no locks or threads of the test process
 
 
 def _lines(*records) -> str:
