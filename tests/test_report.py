@@ -101,7 +101,7 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.report import place_labels
+    from experiments.plots import place_labels
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     pts = [(50 + i, 60 + (i % 3)) for i in range(8)] + [(3, 40), (3.1, 41)]
