@@ -23,7 +23,7 @@ from experiments.reproduce_plan import Job, plan
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 #: written by every reproduce run, not by a job
-META = {"README.md", "reproduce.json", "verify.md"}
+META = {"README.md", "JOBS.md", "reproduce.json", "verify.md"}  # written by reproduce itself
 
 
 def _committed_artefacts() -> list[str]:
