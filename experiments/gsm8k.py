@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="parameter dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else 1)")
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores, at least 1)")
     return p
 
 

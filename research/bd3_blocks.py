@@ -132,7 +132,8 @@ def main(argv=None) -> None:
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores)")
     p.add_argument("--out", default="results/bd3lm_blocks")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)

@@ -112,7 +112,8 @@ def main(argv=None) -> dict:
     p.add_argument("--gen-length", type=int, default=32, help="EOS-padded answer length of the probe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--unique", action="store_true", help="held-out problems with distinct arithmetic")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: OMP_NUM_THREADS, else 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores)")
     p.add_argument("--out", default=None, help="write the result as JSON here (atomically)")
     args = p.parse_args(argv)
     if args.n < 1:

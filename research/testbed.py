@@ -315,7 +315,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--unique", action="store_true",
                    help="held-out problems with distinct arithmetic (no two share numbers and operators)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores)")
     p.add_argument("--out", default="results/testbed")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
