@@ -15,8 +15,9 @@ the question and target (a resume over edited data is refused). ``nfe``, ``steps
 ``positions_computed``, ``flops`` and ``tokens_committed`` are the row's own
 (``cost_basis: "row"``, :class:`dlm.stats.SampleStats` ``row_*``: the same at any batch size);
 ``seconds`` is the batch's sampler wall time divided among its rows (it does depend on the batch
-size, recorded as ``batch_rows``). Files written before this format name the text ``output`` and
-hold batch-level costs: :func:`prediction` reads both; such a file is not extended.
+size, recorded as ``batch_rows``). Files written before per-row accounting hold batch-level costs
+and are not extended (the committed harness files were converted to ``prediction`` once:
+``research/convert_records_v2.py``; ``experiments.reproduce`` reads either name).
 """
 
 from __future__ import annotations
@@ -36,11 +37,6 @@ from dlm.tasks import Problem, extract_flexible, extract_strict, is_correct
 from dlm.tasks.evaluate import decode_until_stop, left_pad, wilson_ci
 from experiments.common import JsonlLog, encode_question, git_sha, rank_log_paths, read_jsonl
 from experiments.strategy import Strategy, factors
-
-
-def prediction(record: dict) -> str:
-    """The decoded answer of a record (``prediction``; ``output`` in files of the old harness)."""
-    return record["prediction"] if "prediction" in record else record["output"]
 
 
 def existing_records(path: Path) -> dict[str, dict]:
