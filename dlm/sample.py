@@ -98,23 +98,30 @@ class Run:
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=self.x.device)  # noqa: E731
         st = self.stats
         st.row_nfe, st.row_steps, st.row_positions, st.row_flops = zeros(), zeros(), zeros(), zeros()
+        am = self.attention_mask  # real columns before each column, once: (B, T + 1)
+        self._real_before = None if am is None else torch.nn.functional.pad(am.long().cumsum(-1), (1, 0))
+        cfg = self.model.config
+        self._dense = cfg.num_params(include_embeddings=False)
 
     def _real(self, start: int, stop: int) -> Tensor | int:
         """(B,) non-padding columns in ``[start, stop)`` (an int when there is no padding)."""
-        if self.attention_mask is None:
+        if self._real_before is None:
             return stop - start
-        return self.attention_mask[:, start:stop].long().sum(-1)
+        return self._real_before[:, stop] - self._real_before[:, start]
+
+    def _flops(self, q, k, n_head: int, copies: int):
+        cfg = self.model.config
+        return copies * forward_flops(self._dense, cfg.n_layers, cfg.d_model, q, k, cfg.vocab_size, n_head)
 
     def _count(self, start: int, width: int, keys: int, n_head: int, copies: int) -> None:
-        """Per-row NFE, positions and FLOPs of one forward (active rows, real columns only)."""
-        cfg, st = self.model.config, self.stats
+        """One forward's cost: the batch's (padded width) and each active row's (real columns)."""
+        st = self.stats
+        st.extra["flops"] += self._flops(width, keys, n_head, copies)
         q, k = self._real(start, start + width), self._real(0, keys)  # keys are columns [0, keys)
-        flops = copies * forward_flops(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model,
-                                       q, k, cfg.vocab_size, n_head)
         on = torch.ones_like(st.row_nfe, dtype=torch.bool) if self.active is None else self.active
         st.row_nfe += on
         st.row_positions += on * q
-        st.row_flops += on * flops
+        st.row_flops += on * self._flops(q, k, n_head, copies)
 
     def new_cache(self) -> KVCache:
         self.cache = KVCache.for_model(self.model, self.x.shape[0], self.x.shape[1])
@@ -128,12 +135,9 @@ class Run:
         (:func:`dlm.stats.forward_flops`; ``copies`` = 2 for CFG's doubled batch).
         ``head`` is window-relative; None computes no LM head. With a cache the window starts at
         ``start``, without one it must start at 0."""
-        width, cfg = stop - start, self.model.config
+        width = stop - start
         keys = width if self.cache is None else self.cache.key_len(start, width)
         n_head = 0 if head is None else len(range(width)[head])
-        self.stats.extra["flops"] += copies * forward_flops(
-            cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model, width, keys,
-            cfg.vocab_size, n_head)
         self._count(start, width, keys, n_head, copies)
         inp = self.x[:, start:stop] if inputs is None else inputs
         pos = self.positions[:, start:stop] if positions is None else positions
@@ -180,8 +184,9 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     run = Run(model, x, batch.positions, batch.attention_mask, P, mid, tuple(blocks), backend, stats,
               ForwardTimer(stats, dev))
     policy.start(run)
-    stops = torch.tensor(stop_ids(model), dtype=torch.long, device=dev)
-    exclude = (mid,) + (stop_ids(model) if proposal.suppress_eos else ())
+    stop_tuple = stop_ids(model)
+    stops = torch.tensor(stop_tuple, dtype=torch.long, device=dev)
+    exclude = (mid,) + (stop_tuple if proposal.suppress_eos else ())
     remasking = rule.confidence or proposal.remasking
     commit_step = torch.full((B, T), -1, dtype=torch.long, device=dev)
     hit_time = torch.full((B, T), -1.0, dtype=torch.float64, device=dev)

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .ema import EMA
 from .io import atomic_path, remove_leftover_temps, write_dir
+from .optim import lr_at, param_groups  # noqa: F401  (re-exported)
 from .resume import (RESUMABLE_FIELDS, as_recipe, check_shapes, flag_recipe,  # noqa: F401
                      check_recipe, trim_metrics)
 
@@ -133,30 +134,6 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------
 # pure pieces: schedule, param groups, seeds
 # --------------------------------------------------------------------------------------------
-
-
-def lr_at(step: int, config: TrainConfig) -> float:
-    """Learning rate of optimizer update ``step`` (0-based): linear warm-up to ``lr`` over
-    ``warmup_steps`` updates, then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``
-    (SGDR, Loshchilov & Hutter 2017, eq. 5 without restarts)."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    span = max(1, config.max_steps - config.warmup_steps)
-    progress = min(1.0, (step - config.warmup_steps) / span)
-    min_lr = config.lr * config.min_lr_ratio
-    return min_lr + 0.5 * (config.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay matrices; no decay on norms, biases (ndim < 2) and embeddings."""
-    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or id(p) in embedding_ids else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
 
 
 _MASK64 = (1 << 64) - 1
