@@ -199,16 +199,27 @@ class Proposal:
         if self.top_p is not None:
             check_real("top_p", self.top_p, 0.0, 1.0)
 
+    def __call__(self, logits: Tensor, where: Tensor, generator: Optional[torch.Generator],
+                 exclude: tuple[int, ...] = (), confidence: Optional[str] = None) -> tuple[Tensor, Tensor]:
+        """:func:`propose` at every column (``where`` is not used: the noise covers the block);
+        ``confidence`` (a rule's) overrides ``remasking``."""
+        return propose(logits, self.temperature, confidence or self.remasking, generator, exclude, self.top_p)
+
 
 class CommitRule:
     """Interface of a commit rule. ``block_steps(width)``: steps a block with ``width`` answer
     columns takes (None: until it is clean); ``begin(eligible, n_steps)``: per-block state;
     ``select(conf, eligible, i, state, generator) -> (commit (B, L) bool, state)``: never commits an
     ineligible column; ``commit_time(state)``: (B,) time recorded for this step's commits or None;
-    ``confidence``: the confidence the rule needs (overrides the proposal's remasking)."""
+    ``confidence``: the confidence the rule needs (overrides the proposal's remasking);
+    ``selects_first(i)``: at step ``i`` the rule selects without confidences (``conf`` None) and
+    the proposal then samples only the selected columns. ``span``: the block's ``(lo, hi, T)``."""
 
     confidence: Optional[str] = None
     records_time = False
+
+    def selects_first(self, i: int) -> bool:
+        return False
 
     @property
     def label(self) -> str:
@@ -217,7 +228,7 @@ class CommitRule:
     def block_steps(self, width: int) -> Optional[int]:
         return None
 
-    def begin(self, eligible: Tensor, n_steps: Optional[int]):
+    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None):
         return None
 
     def commit_time(self, state) -> Optional[Tensor]:
@@ -237,7 +248,7 @@ class TopK(CommitRule):
     def block_steps(self, width: int) -> int:
         return self.steps
 
-    def begin(self, eligible: Tensor, n_steps: Optional[int]) -> Tensor:
+    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None) -> Tensor:
         return num_transfer_tokens(eligible.sum(-1), n_steps)  # (B, steps)
 
     def select(self, conf, eligible, i, state, generator):
@@ -292,7 +303,7 @@ class FirstHitting(CommitRule):
     def block_steps(self, width: int) -> int:
         return width
 
-    def begin(self, eligible: Tensor, n_steps: Optional[int]) -> Tensor:
+    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None) -> Tensor:
         return torch.ones(eligible.shape[0], dtype=torch.float64, device=eligible.device)  # t = 1
 
     def select(self, conf, eligible, i, t_hit, generator):

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import key_padding_mask, padding_positions
+from .attention import causal_mask, key_padding_mask, padding_positions
 
 NOISE_KEYS = ("noise_t", "noise_u")
 
@@ -193,13 +193,7 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
     def __call__(self, model, batch: dict, generator: torch.Generator) -> tuple[Tensor, dict]:
         ids = _check_input_ids(batch)
         B, L = ids.shape
-        prompt_lengths = batch.get("prompt_lengths")
-        if not isinstance(prompt_lengths, Tensor) or prompt_lengths.shape != (B,):
-            raise ValueError(f"batch['prompt_lengths'] must be a ({B},) tensor")
-        if prompt_lengths.dtype.is_floating_point or prompt_lengths.dtype == torch.bool:
-            raise TypeError(f"batch['prompt_lengths'] must be integer, got {prompt_lengths.dtype}")
-        if bool(((prompt_lengths < 0) | (prompt_lengths >= L)).any()):
-            raise ValueError(f"batch['prompt_lengths'] must lie in [0, {L}) (non-empty response)")
+        prompt_lengths = _check_prompt_lengths(batch, B, L)
         if self.suffix_prob > 0 and "noise_suffix" not in batch:
             if any(k in batch for k in NOISE_KEYS):
                 raise ValueError("batch carries noise_t/noise_u but not noise_suffix: draw it with this loss's "
@@ -228,6 +222,44 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
         weight = row_weight.expand(B, L)[masked]  # (N,)
         loss = (_masked_ce(logits, ids, masked) * weight).sum() / B
         return loss, {"loss": loss.detach(), "masked_frac": masked.float().sum() / response.sum()}
+
+
+def _check_prompt_lengths(batch: dict, B: int, L: int) -> Tensor:
+    """``batch['prompt_lengths']``: a (B,) integer tensor in ``[0, L)`` (a non-empty response)."""
+    prompt_lengths = batch.get("prompt_lengths")
+    if not isinstance(prompt_lengths, Tensor) or prompt_lengths.shape != (B,):
+        raise ValueError(f"batch['prompt_lengths'] must be a ({B},) tensor")
+    if prompt_lengths.dtype.is_floating_point or prompt_lengths.dtype == torch.bool:
+        raise TypeError(f"batch['prompt_lengths'] must be integer, got {prompt_lengths.dtype}")
+    if bool(((prompt_lengths < 0) | (prompt_lengths >= L)).any()):
+        raise ValueError(f"batch['prompt_lengths'] must lie in [0, {L}) (non-empty response)")
+    return prompt_lengths
+
+
+class ARSFTLoss:
+    """Autoregressive SFT, the model Dream starts from (Ye et al. 2025, "Dream 7B": an AR model
+    adapted to masked diffusion): next-token cross-entropy on the response under a causal mask,
+
+        L = 1 / B * sum_b 1 / A_b * sum_{i >= max(P_b, 1)} CE(p(x^{b,i} | x^{b,<i}))
+
+    batch as :class:`LLaDASFTLoss`. A ``shift_logits`` model's logit ``i`` already predicts token
+    ``i`` from hidden state ``i - 1`` (Dream's shift), so the same weights then train as a masked
+    diffusion model with :class:`LLaDASFTLoss` unchanged; an unshifted model's logit ``i - 1`` does.
+    """
+
+    def __call__(self, model, batch: dict, generator: Optional[torch.Generator] = None) -> tuple[Tensor, dict]:
+        ids = _check_input_ids(batch)
+        B, L = ids.shape
+        starts = _check_prompt_lengths(batch, B, L).to(ids.device)[:, None].clamp_min(1)  # (B, 1)
+        cols = torch.arange(L, device=ids.device)
+        logits = model(ids, attn_mask=causal_mask(cols, L))  # (B, L, V)
+        if not model.config.shift_logits:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # logit i from hidden i-1
+        target = cols[None, :] >= starts  # (B, L) response tokens with a predecessor
+        ce = _masked_ce(logits, ids, target)  # (N,)
+        row_weight = 1.0 / target.sum(dim=1, keepdim=True).to(torch.float32)  # (B, 1)
+        loss = (ce * row_weight.expand(B, L)[target]).sum() / B
+        return loss, {"loss": loss.detach(), "masked_frac": torch.zeros(())}
 
 
 def _suffix_cuts(ids: Tensor, starts: Tensor, u: Tensor, model) -> Tensor:

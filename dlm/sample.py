@@ -9,8 +9,9 @@ block every step
    columns is recomputed, under which attention mask, and when K/V are (re)written
    (:class:`dlm.sampling.FullSequence`; ``fastdllm.policies`` prefix / dual;
    ``bd3lm.policy`` exact block-causal);
-2. turns them into a proposed token and a confidence per column (:func:`dlm.commit.propose`,
-   LLaDA Alg. 2 / BD3-LM's SUBS parameterisation with ``top_p``);
+2. turns them into a proposed token and a confidence per column (the *proposal*:
+   :class:`dlm.commit.Proposal`, LLaDA Alg. 2 / BD3-LM's SUBS parameterisation with ``top_p``;
+   :class:`dlm.dream.DreamProposal`, Dream's ``sample_tokens``);
 3. asks the *commit rule* which still-masked columns take their proposal
    (:mod:`dlm.commit`: top-k schedule, threshold, factor, first-hitting, ancestral).
 
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from .attention import BACKENDS, key_padding_mask
 from .cache import KVCache
-from .commit import CommitRule, Proposal, propose
+from .commit import CommitRule, Proposal
 from .stats import ForwardTimer, SampleStats, forward_flops, tokens_until_eos
 from .validate import PreparedBatch
 
@@ -187,7 +188,6 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     stop_tuple = stop_ids(model)
     stops = torch.tensor(stop_tuple, dtype=torch.long, device=dev)
     exclude = (mid,) + (stop_tuple if proposal.suppress_eos else ())
-    remasking = rule.confidence or proposal.remasking
     commit_step = torch.full((B, T), -1, dtype=torch.long, device=dev)
     hit_time = torch.full((B, T), -1.0, dtype=torch.float64, device=dev)
     first_eos = torch.full((B,), -1, dtype=torch.long, device=dev)
@@ -197,7 +197,7 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
         if stop_at_eos:  # finished rows ride along with an all-EOS block
             x[:, lo:hi] = torch.where(done[:, None], torch.full_like(x[:, lo:hi], eos), x[:, lo:hi])
         n_steps = rule.block_steps(hi - max(lo, P))  # None: until the block is clean
-        state = rule.begin(x[:, lo:hi] == mid, n_steps)
+        state = rule.begin(x[:, lo:hi] == mid, n_steps, (lo, hi, T))
         i = 0
         while True:
             eligible = x[:, lo:hi] == mid  # (B, L)
@@ -211,10 +211,14 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
             run.active = eligible.any(-1)  # (B,) rows whose block still has [MASK] columns
             stats.row_steps += run.active
             logits = policy.logits(run, lo, hi, i)  # (B, L, V)
-            x0, conf = propose(logits, proposal.temperature, remasking, generator, exclude, proposal.top_p)
-            if proposal.eos_last and stops.numel():
-                conf = torch.where(torch.isin(x0, stops), torch.full_like(conf, float("-inf")), conf)
-            commit, state = rule.select(conf, eligible, i, state, generator)  # (B, L) bool
+            if rule.selects_first(i):  # the rule picks the columns, the proposal samples only those
+                commit, state = rule.select(None, eligible, i, state, generator)  # (B, L) bool
+                x0, conf = proposal(logits, commit, generator, exclude, rule.confidence)
+            else:
+                x0, conf = proposal(logits, eligible, generator, exclude, rule.confidence)  # (B, L) each
+                if proposal.eos_last and stops.numel():
+                    conf = torch.where(torch.isin(x0, stops), torch.full_like(conf, float("-inf")), conf)
+                commit, state = rule.select(conf, eligible, i, state, generator)  # (B, L) bool
             x[:, lo:hi] = torch.where(commit, x0, x[:, lo:hi])
             commit_step[:, lo:hi] = torch.where(commit, step, commit_step[:, lo:hi])
             t = rule.commit_time(state)  # (B,) or None

@@ -21,7 +21,8 @@ Fast-dLLM prefix    (Wu et al. 2025, Sec. 3.2; ``fastdllm.generate``): per block
 Fast-dLLM dual      as prefix with windows over the block only: (L, T, L)
 ==================  ==============================================================================
 
-Dream-style models (``shift_logits``) widen each cached window by one column. Decoding is either
+Dream-style models under Fast-dLLM's LLaDA rules (``shift_logits``) widen each cached window by one
+column (the Dream rules do not). Decoding is either
 the top-k schedule (``--steps`` K in all, ``s = K / n_b``) or parallel decoding (Fast-dLLM eq. 5/6)
 at an expected ``R`` tokens per step (``s = ceil(L / R)``, ``L = G`` for full-sequence). AR has
 no parallel variant. Counts match ``SampleStats.nfe`` / ``positions_computed`` of real runs
@@ -40,6 +41,7 @@ from typing import Optional
 import numpy as np
 
 from dlm.stats import forward_flops
+from fastdllm.dream import RULE_SETS
 from experiments.cli import markdown_table
 
 #: LLaDA-8B (Nie et al. 2025, Tab. 5): the default model of the table.
@@ -72,10 +74,14 @@ class CostModel:
             _positive_int(name, getattr(self, name))
 
     @classmethod
-    def from_config(cls, cfg) -> "CostModel":
-        """From a :class:`dlm.model.ModelConfig` (same N as ``fastdllm.window_flops``)."""
+    def from_config(cls, cfg, rules: str = "auto") -> "CostModel":
+        """From a :class:`dlm.model.ModelConfig` (same N as ``fastdllm.window_flops``); windows
+        widen by one column only for a Dream-style model under ``rules="llada"``
+        (:mod:`fastdllm.dream`: the Dream rules start them at the block)."""
+        if rules not in RULE_SETS:
+            raise ValueError(f"rules must be one of {RULE_SETS}, got {rules!r}")
         return cls(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model,
-                   cfg.vocab_size, bool(cfg.shift_logits))
+                   cfg.vocab_size, bool(cfg.shift_logits) and rules == "llada")
 
     def flops(self, q: np.ndarray, k: np.ndarray, head: np.ndarray) -> np.ndarray:
         """Per-forward FLOPs (float64, exact below 2**53) of (F,) query / key / head counts."""

@@ -42,6 +42,7 @@ from torch import Tensor
 from dlm.cache import KVCache
 from dlm.commit import suppress_logits
 from dlm.sampling import check_blocks
+from fastdllm.dream import RULE_SETS, resolve_rules
 from experiments.common import REPO, atomic_write_text, config_hash, git_sha
 
 
@@ -64,8 +65,11 @@ class DriftConfig:
     threshold: Optional[float] = None
     temperature: float = 0.0
     seed: int = 0
+    rules: str = "auto"  # fastdllm.dream: Dream rules for Dream-style models unless "llada"
 
     def __post_init__(self) -> None:
+        if self.rules not in RULE_SETS:
+            raise ValueError(f"rules must be one of {RULE_SETS}, got {self.rules!r}")
         if self.cache not in ("dual", "prefix"):
             raise ValueError(f"cache must be 'dual' or 'prefix', got {self.cache!r}")
         check_blocks(self.gen, self.block, self.gen if self.steps is None else self.steps)
@@ -132,7 +136,8 @@ def measure(model, input_ids: Tensor, cfg: DriftConfig, refresh_every: Optional[
 
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt (1, P), got shape {tuple(input_ids.shape)}")
-    mid, shift = model.config.mask_token_id, model.config.shift_logits
+    mid = model.config.mask_token_id
+    shift = resolve_rules(cfg.rules, model) == "llada" and model.config.shift_logits  # window one column early
     T = input_ids.shape[1] + cfg.gen
     fresh = KVCache.for_model(model, 1, T)
     records = []
@@ -155,7 +160,7 @@ def measure(model, input_ids: Tensor, cfg: DriftConfig, refresh_every: Optional[
                                  int(v.commit.sum()), int((v.commit & (v.x[:, lo:hi] != greedy)).sum())))
 
     kw = dict(gen_length=cfg.gen, block_length=cfg.block, steps=cfg.steps, threshold=cfg.threshold,
-              temperature=cfg.temperature)
+              temperature=cfg.temperature, rules=cfg.rules)
     dev = input_ids.device
     out = fast_generate(model, input_ids, cache=cfg.cache, refresh_every=refresh_every, callback=observe,
                         generator=torch.Generator(dev).manual_seed(cfg.seed), **kw)
@@ -291,7 +296,8 @@ def main(argv=None) -> dict:
     device = next(model.parameters()).device
     prompts = [x.to(device) for x in prompts_for(model, tok, args.prompts, args.prompt_len, args.seed)]
     run = args.run or f"{model_name}_{args.cache}_g{args.gen}_b{args.block}"
-    config = {**asdict(cfg), "run": run, "model": args.model or model_name, "prompts": args.prompts,
+    fields = {k: v for k, v in asdict(cfg).items() if (k, v) != ("rules", "auto")}  # hashes of older runs kept
+    config = {**fields, "run": run, "model": args.model or model_name, "prompts": args.prompts,
               "refresh": args.refresh, "git_sha": git_sha()}
     config["config_hash"] = config_hash(config)
     results = {name: [measure(model, x, cfg, k) for x in prompts] for name, k in policies.items()}

@@ -52,6 +52,7 @@ from experiments.cli import DTYPES, device_of, dtype_of, set_threads
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                                 git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
 from experiments.evaluate import check_resumable, check_same_problems, evaluate, existing_records
+from fastdllm.dream import RULE_SETS
 from experiments.strategy import GRIDS, STRATEGY_NAMES, Strategy, resolve
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
@@ -120,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.9, help="Fast-dLLM threshold rule tau (default 0.9)")
     p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor rule f (default 1.0)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--rules", default="auto", choices=list(RULE_SETS),
+                   help="whose block rules the top-k / threshold / factor rows follow (fastdllm.dream): auto "
+                        "(default) = Fast-dLLM's Dream rules for a Dream checkpoint (shifted logits), its LLaDA "
+                        "rules otherwise; 'llada' runs a Dream checkpoint under the LLaDA rules")
     p.add_argument("--out", default=None,
                    help="results directory (default: a new runs/gsm8k_<data>_<date-time>; committed results in "
                         "results/ are only written when named explicitly, as experiments.reproduce does)")
@@ -151,12 +156,12 @@ def parse_config(argv=None) -> HarnessConfig:
     if a.bd3_model is not None and not Path(a.bd3_model).is_dir():
         raise ValueError(f"--bd3-model {a.bd3_model!r} is not a checkpoint directory")
     numbers = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, threshold=a.threshold,
-                   factor=a.factor, temperature=a.temperature)
+                   factor=a.factor, temperature=a.temperature, rules=a.rules)
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
     except (TypeError, ValueError) as e:
         raise ValueError(f"--strategies / --gen-length / --block-length / --steps / --threshold / --factor / "
-                         f"--temperature: {e}") from None
+                         f"--temperature / --rules: {e}") from None
     if a.baseline not in STRATEGY_NAMES:
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -250,6 +255,8 @@ def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, s
     config = {"strategy": strategy.as_dict(), "model": str(loaded.source), "data": cfg.data,
               "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed,
               "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch.")}  # auto resolved
+    if strategy.family(loaded.model) == "dream":  # the rules that ran (LLaDA's, the default, left out)
+        config["rules"] = "dream"
     return Job(strategy, loaded, config, config_hash(config))
 
 

@@ -214,13 +214,15 @@ def _optional_int(value) -> Optional[int]:
 
 def fastdllm_strategy(strategy: Optional[str], cache: Optional[str], threshold: Optional[float],
                       factor: Optional[float], gen_length, block_length, steps, temperature,
-                      stop_at_eos: bool) -> Strategy:
+                      stop_at_eos: bool, rules: str = "auto") -> Strategy:
     """The :class:`Strategy` of the ``fastdllm`` model args: a named baseline / Fast-dLLM
-    strategy of the grids (built from the numbers), or a custom cache + rule."""
+    strategy of the grids (built from the numbers), or a custom cache + rule. ``rules``: ``auto``
+    runs Fast-dLLM's Dream rules on a Dream checkpoint (:mod:`fastdllm.dream`), ``llada`` / ``dream``
+    force either."""
     if threshold is not None and factor is not None:
         raise ValueError("give at most one of threshold and factor")
     numbers = dict(gen_length=int(gen_length), block_length=int(block_length), steps=_optional_int(steps),
-                   temperature=float(temperature))
+                   temperature=float(temperature), rules=rules)
     if strategy is not None:
         if strategy not in STRATEGY_NAMES:
             raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategy, got {strategy!r}")
@@ -247,9 +249,9 @@ class FastDLLMEvalLM(DiffusionEvalLM):
                  block_length: int = 32, steps: Optional[int] = None, temperature: float = 0.0,
                  stop_at_eos: bool = False, mc_num: int = 128, mc_batch_size: int = 32,
                  check_greedy: bool = True, batch_size=1, max_batch_size=None, device: Optional[str] = None,
-                 dtype: str = "auto", seed: int = 0) -> None:
+                 dtype: str = "auto", seed: int = 0, rules: str = "auto") -> None:
         strat = fastdllm_strategy(strategy, cache, threshold, factor, gen_length, block_length, steps,
-                                  temperature, stop_at_eos)  # validates before loading
+                                  temperature, stop_at_eos, rules)  # validates before loading
         from dlm.checkpoints import load_model
 
         dev, dt = _load(pretrained, dtype, device)

@@ -35,19 +35,24 @@ from torch import Tensor
 from bd3lm.policy import ALIGNS, ExactBlockCache
 from bd3lm.sampler import block_layout
 from dlm.commit import RULES, Proposal, check_int, check_real, make_rule
+from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
 from dlm.sampling import FullSequence, blocks_after
 from dlm.validate import check_blocks, prepare_batch
+from fastdllm.dream import RULE_SETS, dream_block_rule, resolve_rules
 from fastdllm.policies import DualCache, PrefixCache
 
-POLICIES = {
-    "none": lambda s: FullSequence(s.cfg_scale),
-    "prefix": lambda s: PrefixCache(s.refresh_every),
-    "dual": lambda s: DualCache(s.refresh_every),
-    "exact": lambda s: ExactBlockCache(s.block_length, s.align, use_cache=True),
-    "block_causal": lambda s: ExactBlockCache(s.block_length, s.align, use_cache=False),
+POLICIES = {  # (strategy, Fast-dLLM's Dream rules in force) -> policy
+    "none": lambda s, dream: FullSequence(s.cfg_scale),
+    "prefix": lambda s, dream: PrefixCache(s.refresh_every, at_block=dream),
+    "dual": lambda s, dream: DualCache(s.refresh_every, at_block=dream),
+    "exact": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=True),
+    "block_causal": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=False),
 }
 BLOCK_MODELS = ("exact", "block_causal")  # policies for block-diffusion (BD3-LM) models
+DREAM_BLOCK_RULES = ("topk", "threshold", "factor")  # the rules fastdllm.dream gives a Dream form
+#: new fields, left out of as_dict() at these defaults so older results keep their config hashes
+_LATER_DEFAULTS = {"rules": "auto", "alg": None, "alg_temp": None, "eps": None, "top_k": None}
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,14 @@ class Strategy:
     block-diffusion policies it must be the model's block size (:meth:`for_bd3` sets it).
     steps: total denoising steps of the scheduled rules (default ``gen_length``: one token per
     step), split evenly over the blocks. threshold / factor: the numbers of those rules.
-    top_p: None proposes from raw logits (LLaDA); a number from BD3-LM's SUBS log-probabilities.
+    top_p: None proposes from raw logits (LLaDA); a number from BD3-LM's SUBS log-probabilities
+    (Dream's nucleus filter under the Dream rules).
     align: block alignment of the block-diffusion policies (``prompt`` or ``absolute``).
+    rules: which family's rules ``topk`` / ``threshold`` / ``factor`` follow (:mod:`fastdllm.dream`):
+    ``auto`` Fast-dLLM's Dream rules on a Dream-style model (``config.shift_logits``), its LLaDA
+    rules otherwise; ``dream`` / ``llada`` either. rule ``dream``: Dream's own sampler
+    (:mod:`dlm.dream`, ``alg`` default ``entropy``). alg, alg_temp, eps, top_k: Dream's options
+    (``eps`` default 1e-3), for the Dream rules and rule ``dream`` only.
     """
 
     name: str = "baseline"
@@ -77,6 +88,11 @@ class Strategy:
     refresh_every: Optional[int] = None
     cfg_scale: float = 0.0
     align: str = "prompt"
+    rules: str = "auto"
+    alg: Optional[str] = None
+    alg_temp: Optional[float] = None
+    eps: Optional[float] = None
+    top_k: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name or "." in self.name:
@@ -94,9 +110,16 @@ class Strategy:
             raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
         check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
         check_blocks(self.gen_length, self.block, self.total_steps)
-        self.commit_rule()  # validates rule, threshold, factor, steps
-        self.proposal()  # validates temperature, remasking, top_p
-        POLICIES[self.cache](self)  # validates refresh_every
+        if self.rules not in RULE_SETS:
+            raise ValueError(f"strategy {self.name}: rules must be one of {RULE_SETS}, got {self.rules!r}")
+        dream_options = [k for k in ("alg", "alg_temp", "eps", "top_k") if getattr(self, k) is not None]
+        if dream_options and self.rules != "dream" and self.rule != "dream":
+            raise ValueError(f"strategy {self.name}: {', '.join(dream_options)} are options of Dream's rules "
+                             "(rules='dream' or rule='dream')")
+        for family in ("llada", "dream") if self.rules == "auto" else (self.rules,):
+            self.commit_rule(family)  # validates rule, threshold, factor, steps, Dream's options
+            self.proposal(family)  # validates temperature, remasking, top_p, top_k
+        POLICIES[self.cache](self, False)  # validates refresh_every
 
     @property
     def block(self) -> int:
@@ -111,14 +134,33 @@ class Strategy:
     def steps_per_block(self) -> int:
         return self.total_steps * self.block // self.gen_length
 
-    def commit_rule(self):
+    def family(self, model) -> str:
+        """``llada`` or ``dream``: whose block rules run on ``model`` (Dream's only for the rules
+        and caches Fast-dLLM's Dream sampler has)."""
+        if self.rule not in DREAM_BLOCK_RULES or self.cache in BLOCK_MODELS:
+            return "llada"
+        return resolve_rules(self.rules, model)
+
+    def commit_rule(self, family: str = "llada"):
+        if self.rule == "dream":
+            return dream_rule(self.steps_per_block, self.alg or "entropy", 1e-3 if self.eps is None else self.eps,
+                              self.alg_temp, "row")
+        if family == "dream" and self.rule in DREAM_BLOCK_RULES and self.cache not in BLOCK_MODELS:
+            return dream_block_rule(self.rule, self.steps_per_block, self.threshold, self.factor,
+                                    1e-3 if self.eps is None else self.eps, self.alg_temp, self.cache)
+        if self.alg is not None and self.rule != "dream":
+            raise ValueError(f"strategy {self.name}: alg is an option of rule='dream'")
         return make_rule(self.rule, self.steps_per_block, self.threshold, self.factor)
 
-    def proposal(self) -> Proposal:
+    def proposal(self, family: str = "llada"):
+        if self.rule == "dream" or family == "dream":
+            if self.remasking != "low_confidence":
+                raise ValueError(f"strategy {self.name}: remasking is an option of the LLaDA rules")
+            return DreamProposal(self.temperature, self.top_p, self.top_k)
         return Proposal(self.temperature, self.remasking, self.top_p)
 
-    def policy(self):
-        return POLICIES[self.cache](self)
+    def policy(self, family: str = "llada"):
+        return POLICIES[self.cache](self, family == "dream")
 
     def for_bd3(self, block_size: int, align: str) -> "Strategy":
         """This strategy on a BD3-LM model of ``block_size`` and ``align`` (the block-diffusion
@@ -129,7 +171,7 @@ class Strategy:
         return replace(self, block_length=block_size, align=align)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]}
 
     @torch.no_grad()
     def run(self, model, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
@@ -142,16 +184,17 @@ class Strategy:
             blocks = block_layout(self.align, batch.prompt_len, G, L, attention_mask)
         else:
             blocks = blocks_after(batch.prompt_len, G, L)
-        return denoise(model, batch, blocks, self.policy(), self.commit_rule(), self.proposal(),
+        family = self.family(model)
+        return denoise(model, batch, blocks, self.policy(family), self.commit_rule(family), self.proposal(family),
                        stop_at_eos=self.stop_at_eos, generator=generator, backend=backend, callback=callback)
 
 
 # ------------------------------------------------------------------------------------- grids
 def table1(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
-           factor: float = 1.0, temperature: float = 0.0) -> tuple[Strategy, ...]:
+           factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
     """Fast-dLLM's Table 1 line-up (baseline full / semi-AR, each cache and rule) plus BD3-LM."""
     base = Strategy("baseline_semiar", gen_length=gen_length, block_length=block_length, steps=steps,
-                    temperature=temperature)
+                    temperature=temperature, rules=rules)
     thr = dict(rule="threshold", threshold=threshold)
     return (
         replace(base, name="baseline_full", block_length=None),
@@ -167,7 +210,7 @@ def table1(gen_length: int = 256, block_length: int = 32, steps: Optional[int] =
 
 
 def factorial(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
-              factor: float = 1.0, temperature: float = 0.0) -> tuple[Strategy, ...]:
+              factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
     """cache (none / prefix / dual) x rule (top-k / threshold) x stop_at_eos x (semi-AR / one block):
     24 cells; the cell without cache, rule or stop is the semi-AR / full baseline."""
     cells = []
@@ -177,7 +220,7 @@ def factorial(gen_length: int = 256, block_length: int = 32, steps: Optional[int
                 f"{'semiar' if semi else 'full'}")
         cells.append(Strategy(name, cache, rule, gen_length, block_length if semi else None, steps,
                               threshold if rule == "threshold" else None, temperature=temperature,
-                              stop_at_eos=stop))
+                              stop_at_eos=stop, rules=rules))
     return tuple(cells)
 
 

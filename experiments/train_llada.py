@@ -44,7 +44,7 @@ import torch
 
 from dlm.checkpoints import load_model, save_model
 from dlm.model import ModelConfig, Transformer
-from dlm.objectives import LLaDASFTLoss
+from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.tasks.tokenizer import build_tokenizer
@@ -57,8 +57,11 @@ from experiments.strategy import Strategy
 RESUMABLE_FLAGS = ("out", "eval_every", "save_every", "force_recipe")
 
 
-def build_model(tok, d_model: int, n_layers: int, n_heads: int, max_seq_len: int, seed: int) -> Transformer:
-    cfg = ModelConfig(
+def build_model(tok, d_model: int, n_layers: int, n_heads: int, max_seq_len: int, seed: int,
+                family: str = "llada") -> Transformer:
+    """A fresh model; ``family="dream"``: Qwen2 layout (q/k/v bias) with Dream's shifted logits."""
+    dream = family == "dream"
+    cfg = ModelConfig(qkv_bias=dream, shift_logits=dream,
         vocab_size=len(tok), d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
         mlp_hidden=(8 * d_model // 3 + 63) // 64 * 64, max_seq_len=max_seq_len, rope_theta=10000.0,
         tie_embeddings=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
@@ -107,6 +110,12 @@ def main(argv=None) -> None:
     p.add_argument("--suffix-prob", type=float, default=0.0,
                    help="share of rows whose answer is masked from a random cut to the end "
                         "(dlm.objectives.LLaDASFTLoss.suffix_prob; needs --weighting uniform)")
+    p.add_argument("--family", default="llada", choices=["llada", "dream"],
+                   help="model built from scratch: LLaDA-style, or Dream-style (q/k/v bias, shifted logits, "
+                        "saved in Dream's Qwen2 layout); with --init the checkpoint's family is kept")
+    p.add_argument("--objective", default="diffusion", choices=["diffusion", "ar"],
+                   help="diffusion: LLaDA's SFT loss; ar: next-token SFT under a causal mask "
+                        "(dlm.objectives.ARSFTLoss, the AR model a Dream-style model is adapted from)")
     p.add_argument("--ema", type=float, default=0.995)
     # bf16 autocast is ~10x *slower* than fp32 on CPUs without AVX512-BF16/AMX (measured on a
     # 2-core AVX2 EPYC); use it on GPUs
@@ -138,7 +147,8 @@ def main(argv=None) -> None:
     if args.init:
         model, _ = load_model(args.init, dtype=torch.float32)
     else:
-        model = build_model(tok, args.d_model, args.n_layers, args.n_heads, args.max_seq_len, args.seed)
+        model = build_model(tok, args.d_model, args.n_layers, args.n_heads, args.max_seq_len, args.seed,
+                            args.family)
     print(f"params: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M")
     held_out = generate_problems(arith, 64, split="test", seed=12345)
 
@@ -148,11 +158,15 @@ def main(argv=None) -> None:
         return {"acc_semiar64": semiar["accuracy"], "acc_pure64": pure["accuracy"]}
 
     t0 = time.time()
-    objective = LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob)
-    extra = {"recipe": "llada-sft", "args": vars(args), "arith": asdict(arith), "recipe_changes": recipe_changes}
+    if args.objective == "ar":
+        objective = ARSFTLoss()
+    else:
+        objective = LLaDASFTLoss(weighting=args.weighting, suffix_prob=args.suffix_prob)
+    layout = "dream" if model.config.shift_logits else "native"
+    extra = {"recipe": "ar-sft" if args.objective == "ar" else "llada-sft", "args": vars(args), "arith": asdict(arith), "recipe_changes": recipe_changes}
     train(model, objective, data, cfg, tokenizer=tok, eval_fn=eval_fn, recipe=recipe,
           force_recipe=args.force_recipe,
-          save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
+          save_fn=functools.partial(save_model, dtype=torch.bfloat16, layout=layout, extra_config=extra))
     print(json.dumps({"wall_seconds": time.time() - t0, "steps": args.steps}))
 
 

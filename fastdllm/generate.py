@@ -22,11 +22,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dlm.commit import Factor, Proposal, Threshold, TopK, check_sampling
+from dlm.commit import Proposal, check_sampling, make_rule
+from dlm.dream import DreamProposal
 from dlm.sample import Callback, GenerateOutput, StepView, denoise  # noqa: F401  (StepView re-exported)
 from dlm.sampling import blocks_after
 from dlm.validate import check_blocks, prepare_batch
 
+from .dream import dream_block_rule, resolve_rules
 from .policies import cache_policy
 
 
@@ -48,6 +50,11 @@ def generate(
     generator: Optional[torch.Generator] = None,
     backend: str = "sdpa",
     callback: Optional[Callback] = None,
+    rules: str = "auto",
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    eps: float = 1e-3,
+    alg_temp: Optional[float] = None,
 ) -> GenerateOutput:
     """Fast-dLLM generation for a (left-padded) prompt batch ``input_ids`` (B, P).
 
@@ -59,19 +66,37 @@ def generate(
     more; the remaining blocks are skipped once every row has one; everything after a row's
     first EOS is EOS (the run-to-the-end output truncated the same way).
 
+    rules: ``"auto"`` (default: Fast-dLLM's Dream rules for Dream-family models, i.e. with
+    ``config.shift_logits``, its LLaDA rules otherwise), ``"dream"`` or ``"llada"``
+    (:mod:`fastdllm.dream`). Under the Dream rules a block's full step commits its first column,
+    cached windows start at the block, the scheduled mode is Dream's negative-entropy timestep
+    schedule (``eps``, ``alg_temp``) and proposals follow Dream's ``sample_tokens``
+    (``temperature``, ``top_p``, ``top_k``); ``remasking`` is a LLaDA-rules option.
+
     callback(view): called after every step with a :class:`dlm.sample.StepView` (observation only).
     ``stats.extra`` holds ``flops`` (:func:`dlm.stats.forward_flops` of all forwards),
     ``blocks_run``, ``cache`` and ``rule``.
     """
-    policy = cache_policy(cache, refresh_every)
+    family = resolve_rules(rules, model)
+    policy = cache_policy(cache, refresh_every, at_block=family == "dream")
     if threshold is not None and factor is not None:
         raise ValueError("give at most one of threshold and factor, not both")
     steps = gen_length if steps is None else steps
     steps_per_block = check_blocks(gen_length, block_length, steps)
-    rule = (Threshold(threshold) if threshold is not None else Factor(factor) if factor is not None
-            else TopK(steps_per_block))
+    name = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
     check_sampling(temperature, remasking)
+    if family == "dream":
+        if remasking != "low_confidence":
+            raise ValueError("remasking is an option of rules='llada'; the Dream rules rank by confidence")
+        rule = dream_block_rule(name, steps_per_block, threshold, factor, eps, alg_temp, cache)
+        proposal = DreamProposal(temperature, top_p, top_k)
+    else:
+        for opt, value, default in (("top_p", top_p, None), ("top_k", top_k, None), ("eps", eps, 1e-3),
+                                    ("alg_temp", alg_temp, None)):
+            if value != default:
+                raise ValueError(f"{opt} is an option of rules='dream' (Dream's proposal and schedule)")
+        rule = make_rule(name, steps_per_block, threshold, factor)
+        proposal = Proposal(temperature, remasking)
     batch = prepare_batch(model, input_ids, attention_mask, gen_length, mask_id)
     return denoise(model, batch, blocks_after(batch.prompt_len, gen_length, block_length), policy, rule,
-                   Proposal(temperature, remasking), stop_at_eos=stop_at_eos, generator=generator,
-                   backend=backend, callback=callback)
+                   proposal, stop_at_eos=stop_at_eos, generator=generator, backend=backend, callback=callback)

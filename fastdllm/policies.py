@@ -16,7 +16,8 @@ approximate: the cached K/V of committed and suffix columns are those of the las
 
 Dream-style models (``config.shift_logits``) predict column ``j`` from hidden state ``j - 1``, so a
 cached window that must predict column ``lo`` starts one column earlier, at ``lo - 1``, and drops
-its first logit (:func:`window`).
+its first logit (:func:`window`). Under Fast-dLLM's Dream rules (:mod:`fastdllm.dream`) column
+``lo`` is committed at the block's full step and the window starts at ``lo`` (``at_block``).
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ class PrefixCache:
     ``refresh_every``-th step)."""
 
     refresh_every: Optional[int] = None
+    at_block: bool = False  # windows start at the block even with shifted logits (Dream rules)
     name = "prefix"
 
     def __post_init__(self) -> None:
         if self.refresh_every is not None:
             check_int("refresh_every", self.refresh_every)
+        if not isinstance(self.at_block, bool):
+            raise TypeError(f"at_block must be a bool, got {type(self.at_block).__name__}")
 
     def start(self, run: Run) -> None:
         run.new_cache()
@@ -92,7 +96,7 @@ class PrefixCache:
             if self.name == "prefix":
                 run.cache.truncate(lo)  # keep K/V of the columns before the block only
             return logits
-        w = window(self.name, lo, hi, T, run.model.config.shift_logits)
+        w = window(self.name, lo, hi, T, run.model.config.shift_logits and not self.at_block)
         return run.forward(w.start, w.stop, run.key_padding, w.logits_slice)  # (B, L, V)
 
 
@@ -104,8 +108,9 @@ class DualCache(PrefixCache):
     name = "dual"
 
 
-def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None):
-    """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`)."""
+def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_block: bool = False):
+    """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`);
+    ``at_block``: cached windows start at the block (Fast-dLLM's Dream rules)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
     if cache is None:
@@ -114,7 +119,7 @@ def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None):
             raise ValueError("refresh_every needs cache='prefix' or 'dual' (without a cache "
                              "every forward is already a full one)")
         return FullSequence()
-    return (PrefixCache if cache == "prefix" else DualCache)(refresh_every)
+    return (PrefixCache if cache == "prefix" else DualCache)(refresh_every, at_block)
 
 
 def window_flops(config, q_len: int, k_len: int, head_positions: int) -> int:

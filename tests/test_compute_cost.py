@@ -57,11 +57,13 @@ def test_refresh_shift_and_parallel(model):
     cost = cc.CostModel.from_config(model.config)
     out = fastdllm.generate(model, ids, gen_length=12, block_length=4, steps=12, cache="dual", refresh_every=2)
     check(cc.fastdllm_forwards(P, 12, 4, 4, "dual", refresh_every=2), out.stats, cost)
-    dream = tiny_model(shift_logits=True, qkv_bias=True)  # windows start one column early
-    dcost = cc.CostModel.from_config(dream.config)
-    for cache in ("prefix", "dual"):
-        out = fastdllm.generate(dream, ids, gen_length=8, block_length=4, steps=8, cache=cache)
-        check(cc.fastdllm_forwards(P, 8, 4, 4, cache, shift_logits=True), out.stats, dcost)
+    dream = tiny_model(shift_logits=True, qkv_bias=True)
+    for rules, wide in (("llada", True), ("dream", False), ("auto", False)):  # LLaDA rules: one column early
+        dcost = cc.CostModel.from_config(dream.config, rules)
+        assert dcost.shift_logits == wide
+        for cache in ("prefix", "dual"):
+            out = fastdllm.generate(dream, ids, gen_length=8, block_length=4, steps=8, cache=cache, rules=rules)
+            check(cc.fastdllm_forwards(P, 8, 4, 4, cache, shift_logits=wide), out.stats, dcost)
     # a threshold that every proposal passes commits the whole block per step: R = L
     out = fastdllm.generate(model, ids, gen_length=8, block_length=4, cache="dual", threshold=1e-12)
     row = next(r for r in cc.cost_table(cost, P, 8, 4, 8, tokens_per_step=4)

@@ -60,29 +60,32 @@ def test_uncached_topk_equals_baseline(layout):
         assert out.stats.positions_computed == ref.stats.positions_computed
 
 
+SHIFT_RULES = [(False, "auto"), (True, "llada"), (True, "dream")]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS[:3])
-@pytest.mark.parametrize("shift", [False, True])
-def test_refresh_every_one_equals_uncached(layout, shift):
+@pytest.mark.parametrize("shift,rules", SHIFT_RULES)
+def test_refresh_every_one_equals_uncached(layout, shift, rules):
     G, L, S = layout
     model = tiny_model(shift=shift)
     ids, am = prompts(padded=True)
     for rule in RULES:
-        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, **rule)
+        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, rules=rules, **rule)
         for cache in ("prefix", "dual"):
             out = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S,
-                                    cache=cache, refresh_every=1, **rule)
+                                    cache=cache, refresh_every=1, rules=rules, **rule)
             same(out, ref)
 
 
-@pytest.mark.parametrize("shift", [False, True])
-def test_one_layer_caches_are_exact(shift):
+@pytest.mark.parametrize("shift,rules", SHIFT_RULES)
+def test_one_layer_caches_are_exact(shift, rules):
     model = tiny_model(n_layers=1, shift=shift)
     ids, am = prompts(padded=True)
     for (G, L, S), rule in itertools.product(LAYOUTS[:2], RULES):
-        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, **rule)
+        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, rules=rules, **rule)
         for cache in ("prefix", "dual"):
             out = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S,
-                                    cache=cache, **rule)
+                                    cache=cache, rules=rules, **rule)
             same(out, ref)
             assert out.stats.positions_computed < ref.stats.positions_computed
 
@@ -218,12 +221,12 @@ def _flops(model, q, k, head):
                          c.vocab_size, head)
 
 
-@pytest.mark.parametrize("shift", [False, True])
-def test_nfe_and_positions_for_known_layout(shift):
+@pytest.mark.parametrize("shift,rules", [(False, "auto"), (True, "llada"), (True, "dream")])
+def test_nfe_and_positions_for_known_layout(shift, rules):
     # P = 6, G = 8, L = 4 -> T = 14, two blocks at columns [6, 10) and [10, 14)
     model = tiny_model(shift=shift)
     ids, _ = prompts()
-    e = 1 if shift else 0  # Dream windows start one column early
+    e = 1 if rules == "llada" and shift else 0  # Dream model, LLaDA rules: windows start one column early
     cases = {  # (cache, steps, refresh_every) -> list of (window width) per forward
         (None, 8, None): [14] * 8,
         ("prefix", 4, None): [14, 8 + e, 14, 4 + e],
@@ -233,7 +236,7 @@ def test_nfe_and_positions_for_known_layout(shift):
     }
     for (cache, steps, refresh), widths in cases.items():
         out = fastdllm.generate(model, ids, gen_length=8, block_length=4, steps=steps, cache=cache,
-                                refresh_every=refresh)
+                                refresh_every=refresh, rules=rules)
         s = out.stats
         assert (s.nfe, s.positions_computed, s.steps) == (len(widths), sum(widths), steps), cache
         assert s.extra["flops"] == sum(_flops(model, w, 14, 4) for w in widths)
