@@ -7,10 +7,12 @@ the command always runs, in seconds, on a CPU).
 The sampler is one :class:`experiments.strategy.Strategy` (the one loop
 :func:`dlm.sample.denoise` with a cache policy and a commit rule), chosen by flags:
 
-- ``--cache {none,prefix,dual,exact}`` and ``--rule {topk,threshold,factor,first_hitting,ancestral}``
+- ``--cache {none,prefix,dual,exact}`` and ``--rule {topk,threshold,factor,first_hitting,ancestral,dream}``
   (the rule defaults to ``threshold`` / ``factor`` when ``--threshold`` / ``--factor`` is given,
   else ``topk``), with ``--gen-length --block-length --steps --stop-at-eos --temperature
-  --remasking``; every cache runs with every rule;
+  --remasking``; every cache runs with every rule; ``--rules`` picks whose block rules run
+  (default: Fast-dLLM's Dream rules for a Dream checkpoint), ``--rule dream`` is Dream's own
+  sampler (``--alg --alg-temp --eps --top-k``);
 - or a documented preset ``--strategy``: ``baseline`` (cache none, top-k: LLaDA's sampler,
   :func:`dlm.sampling.generate`), ``fastdllm`` (``--cache none|prefix|dual`` with the top-k,
   ``--threshold`` or ``--factor`` rule: :func:`fastdllm.generate`) or ``bd3lm`` (cache exact,
@@ -47,7 +49,7 @@ DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_BD3_MODEL = REPO / "results" / "checkpoints" / "bd3lm-arith-16"
 PRESETS = ("baseline", "fastdllm", "bd3lm")
 CACHES = ("none", "prefix", "dual", "exact")
-RULES = ("topk", "threshold", "factor", "first_hitting", "ancestral")
+RULES = ("topk", "threshold", "factor", "first_hitting", "ancestral", "dream")
 DEFAULT_BLOCK = 32
 DEFAULT_PROMPT = "Ann has 3 apples. She buys 4 more. How many apples does Ann have?"  # in the embedded model's range
 
@@ -175,6 +177,14 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-at-eos", action="store_true", help="stop after the block that holds EOS")
     p.add_argument("--temperature", type=float, default=0.0, help="Gumbel temperature (0: greedy)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
+    p.add_argument("--rules", default="auto", choices=["auto", "llada", "dream"],
+                   help="whose rules topk/threshold/factor follow (fastdllm.dream): auto (default) = Fast-dLLM's "
+                        "Dream rules for a Dream checkpoint, its LLaDA rules otherwise")
+    p.add_argument("--alg", default=None, choices=["origin", "maskgit_plus", "topk_margin", "entropy"],
+                   help="Dream's own sampler (--rule dream): its alg (default entropy)")
+    p.add_argument("--alg-temp", type=float, default=None, help="Dream: sample the committed columns (alg_temp)")
+    p.add_argument("--eps", type=float, default=None, help="Dream's timestep floor (default 1e-3)")
+    p.add_argument("--top-k", type=int, default=None, help="Dream's proposal: top-k filter")
 
 
 @dataclass(frozen=True)
@@ -215,7 +225,8 @@ def build_strategy(choice: Choice, args, block_model: Optional[tuple[int, str]] 
     ``(block_size, align)`` for the block-diffusion cache (None: ``--block-length``, prompt)."""
     block = args.block_length
     common = dict(gen_length=args.gen_length, steps=args.steps, threshold=choice.threshold, factor=choice.factor,
-                  temperature=args.temperature, remasking=args.remasking, stop_at_eos=args.stop_at_eos)
+                  temperature=args.temperature, remasking=args.remasking, stop_at_eos=args.stop_at_eos,
+                  rules=args.rules, alg=args.alg, alg_temp=args.alg_temp, eps=args.eps, top_k=args.top_k)
     if choice.cache not in BLOCK_MODELS:
         return Strategy(choice.name, choice.cache, choice.rule, block_length=block or DEFAULT_BLOCK, **common)
     size, align = block_model or (block or DEFAULT_BLOCK, "prompt")

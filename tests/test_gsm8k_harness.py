@@ -330,3 +330,25 @@ def test_local_gsm8k_jsonl_fewshot_and_bd3lm(ckpt, tmp_path, capsys):
     (tmp_path / "train.jsonl").unlink()
     with pytest.raises(ValueError, match="--num-fewshot"):
         gsm8k.run(gsm8k.parse_config(base + ["--out", str(tmp_path / "c")]))
+
+
+
+def test_dream_checkpoint_runs_the_dream_rules_unless_told(tmp_path):
+    """A Dream-layout checkpoint (shifted logits, q/k/v bias) gets Fast-dLLM's Dream rules in every
+    row by default, recorded in the config; ``--rules llada`` runs and records the LLaDA rules."""
+    from dlm import load_model
+    from dlm.tasks.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    ckpt = save_model(tokenizer_model(tok, shift_logits=True, qkv_bias=True), tok, tmp_path / "dream", layout="dream")
+    model, _ = load_model(ckpt, dtype=torch.float64)
+    assert model.config.shift_logits and model.config.layout == "dream"
+    hashes = {}
+    for rules in ("auto", "llada"):
+        run(ckpt, tmp_path / rules, "--rules", rules)
+        meta = json.loads((tmp_path / rules / "config.json").read_text())["strategies"]
+        for name in TWO:
+            assert (meta[name]["config"].get("rules") == "dream") == (rules == "auto"), (rules, name)
+        hashes[rules] = meta["fastdllm_dual_threshold"]["config_hash"]
+        assert len(read_jsonl(tmp_path / rules / "fastdllm_dual_threshold.jsonl")) == 4
+    assert hashes["auto"] != hashes["llada"]

@@ -227,3 +227,29 @@ def test_sft_suffix_rows_match_bruteforce():
         obj(model, {**batch, "noise_t": noise["noise_t"], "noise_u": noise["noise_u"]}, torch.Generator())
     with pytest.raises(TypeError, match="eos_token_id"):
         obj(tiny(), {**batch, **noise}, torch.Generator())
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_ar_sft_loss_is_next_token_cross_entropy_on_the_response(shift):
+    """ARSFTLoss: causal attention, each response token predicted from its prefix (brute force: one
+    uncached forward per prefix), per-row mean over the response, mean over rows."""
+    from dlm.objectives import ARSFTLoss
+    from tiny import micro_model
+
+    torch.manual_seed(0)
+    model = micro_model(shift_logits=shift).double()
+    ids = torch.randint(0, 15, (3, 9))
+    starts = torch.tensor([2, 4, 0])
+    loss, _ = ARSFTLoss()(model, {"input_ids": ids, "prompt_lengths": starts})
+    plain = micro_model().double()  # the same weights without the shift: last logit = next token
+    plain.load_state_dict(model.state_dict())
+    rows = []
+    for b in range(3):
+        ces = []
+        for i in range(max(int(starts[b]), 1), 9):
+            logits = plain(ids[b:b + 1, :i])[0, -1]  # sees tokens < i only
+            ces.append(torch.nn.functional.cross_entropy(logits[None].float(), ids[b, i:i + 1]))
+        rows.append(torch.stack(ces).mean())
+    assert torch.allclose(loss, torch.stack(rows).mean(), atol=1e-6)
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        ARSFTLoss()(model, {"input_ids": ids, "prompt_lengths": torch.tensor([9, 0, 0])})

@@ -128,11 +128,11 @@ def micro_model(seed: int = 0, **overrides) -> Transformer:
 
 
 # ------------------------------------------------------------------------------ tokenizer models
-def tokenizer_model(tok, seed: int = 0, max_seq_len: int = 96, dtype=torch.float32) -> Transformer:
+def tokenizer_model(tok, seed: int = 0, max_seq_len: int = 96, dtype=torch.float32, **overrides) -> Transformer:
     """A 1-layer random model over the embedded tokenizer ``tok`` (its special ids), for harness tests."""
     cfg = ModelConfig(vocab_size=len(tok), d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, mlp_hidden=32,
                       max_seq_len=max_seq_len, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, **overrides)
     model = Transformer(cfg)
     model.reset_parameters(std=0.3, generator=torch.Generator().manual_seed(seed))
     return model.to(dtype)
