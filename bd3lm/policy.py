@@ -57,10 +57,8 @@ class ExactBlockCache:
             if ctx_end > 0:
                 run.forward(0, ctx_end, self._mask(run, 0, ctx_end), None, commit=True)  # context, once
 
-    def full_step(self, i: int) -> bool:
-        return not self.use_cache
-
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
+        run.refreshed = not self.use_cache
         if self.use_cache:
             return run.forward(lo, hi, self._mask(run, lo, hi), slice(0, hi - lo))  # (B, L', V)
         return run.forward(0, hi, self._mask(run, 0, hi), slice(lo, hi))

@@ -8,8 +8,9 @@ and either
 - ``commit=True``: writes the window's fresh K/V into the cache (and extends ``length``), or
 - ``commit=False``: uses them for this call only; the cache is unchanged.
 
-Policies (``dlm.sampling`` none, ``bd3lm`` exact, ``fastdllm`` prefix/dual) differ only in which
-window they recompute and when they commit.
+Policies (``dlm.sampling`` none, ``bd3lm`` exact, ``fastdllm`` prefix/dual/delayed/adaptive)
+differ only in which window they recompute, when they commit and which columns they pin
+(``keep``: per row, read from the cache even inside the window).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, H, T, D)
         self.length = 0  # columns [0, length) hold valid K/V
         self.max_len = max_len
+        self.keep: Optional[Tensor] = None  # (B, max_len) bool: cached K/V read even inside a window
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int) -> "KVCache":
@@ -71,11 +73,17 @@ class KVCache:
     ) -> tuple[Tensor, Tensor]:
         """Keys/values over columns ``[0, key_len)`` with the window replaced by fresh ones.
 
-        k_new, v_new: (B, H, W, D). Returns (B, H, key_len, D) each.
+        k_new, v_new: (B, H, W, D). Returns (B, H, key_len, D) each. Where ``keep`` is set
+        (per row and column, e.g. the columns a delayed policy has cached), the window reads the
+        cached K/V instead of the fresh ones (and a commit leaves them unchanged).
         """
         width = k_new.shape[2]
         stop = start + width
         end = self.key_len(start, width)
+        if self.keep is not None:
+            pin = self.keep[:, None, start:stop, None]  # (B, 1, W, 1)
+            k_new = torch.where(pin, self.k[layer, :, :, start:stop], k_new)
+            v_new = torch.where(pin, self.v[layer, :, :, start:stop], v_new)
         if commit:
             self.k[layer, :, :, start:stop] = k_new
             self.v[layer, :, :, start:stop] = v_new
@@ -98,3 +106,4 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+        self.keep = None

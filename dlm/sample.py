@@ -92,6 +92,8 @@ class Run:
     cache: Optional[KVCache] = None
     key_padding: Optional[Tensor] = field(init=False)  # (B, 1, 1, T) bool or None
     active: Optional[Tensor] = None  # (B,) bool: rows that need the next forward (None: all)
+    refreshed: bool | Tensor = False  # the last step recomputed every column: for all rows, or (B,) per row
+    state: dict = field(default_factory=dict)  # a policy's per-call tensors
 
     def __post_init__(self) -> None:
         self.key_padding = key_padding_mask(self.attention_mask)
@@ -99,6 +101,7 @@ class Run:
         zeros = lambda: torch.zeros(B, dtype=torch.long, device=self.x.device)  # noqa: E731
         st = self.stats
         st.row_nfe, st.row_steps, st.row_positions, st.row_flops = zeros(), zeros(), zeros(), zeros()
+        st.row_refreshes = zeros()
         am = self.attention_mask  # real columns before each column, once: (B, T + 1)
         self._real_before = None if am is None else torch.nn.functional.pad(am.long().cumsum(-1), (1, 0))
         cfg = self.model.config
@@ -114,11 +117,17 @@ class Run:
         cfg = self.model.config
         return copies * forward_flops(self._dense, cfg.n_layers, cfg.d_model, q, k, cfg.vocab_size, n_head)
 
-    def _count(self, start: int, width: int, keys: int, n_head: int, copies: int) -> None:
-        """One forward's cost: the batch's (padded width) and each active row's (real columns)."""
+    def _count(self, start: int, width: int, keys: int, n_head: int, copies: int,
+               row_span: Optional[tuple[Tensor, Tensor]] = None) -> None:
+        """One forward's cost: the batch's (padded width) and each active row's (real columns of
+        its window: ``row_span`` (starts (B,), stops (B,)) when given, else the batch's)."""
         st = self.stats
         st.extra["flops"] += self._flops(width, keys, n_head, copies)
         q, k = self._real(start, start + width), self._real(0, keys)  # keys are columns [0, keys)
+        if row_span is not None:
+            lo, hi = row_span  # (B,) each
+            real = self._real_before
+            q = (hi - lo) if real is None else real.gather(1, hi[:, None])[:, 0] - real.gather(1, lo[:, None])[:, 0]
         on = torch.ones_like(st.row_nfe, dtype=torch.bool) if self.active is None else self.active
         st.row_nfe += on
         st.row_positions += on * q
@@ -130,16 +139,18 @@ class Run:
 
     def forward(self, start: int, stop: int, attn, head: Optional[slice], *, commit: bool = False,
                 inputs: Optional[Tensor] = None, positions: Optional[Tensor] = None,
-                copies: int = 1) -> Tensor:
+                copies: int = 1, row_span: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
         """Logits (B, |head|, V) of one forward over columns ``[start, stop)`` (reading the cache
         for the others); counts 1 NFE, ``stop - start`` positions and the window's FLOPs
         (:func:`dlm.stats.forward_flops`; ``copies`` = 2 for CFG's doubled batch).
         ``head`` is window-relative; None computes no LM head. With a cache the window starts at
-        ``start``, without one it must start at 0."""
+        ``start``, without one it must start at 0. row_span: (starts, stops), (B,) each: the window
+        each row needs (the rest of the batch window is pinned by the cache's ``keep``), for the
+        per-row costs."""
         width = stop - start
         keys = width if self.cache is None else self.cache.key_len(start, width)
         n_head = 0 if head is None else len(range(width)[head])
-        self._count(start, width, keys, n_head, copies)
+        self._count(start, width, keys, n_head, copies, row_span)
         inp = self.x[:, start:stop] if inputs is None else inputs
         pos = self.positions[:, start:stop] if positions is None else positions
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
@@ -167,10 +178,11 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
             callback: Optional[Callback] = None) -> GenerateOutput:
     """Decode ``blocks`` (absolute ``(lo, hi)`` columns, left to right) of ``batch.x`` in place.
 
-    policy: a cache policy (``start(run)``, ``logits(run, lo, hi, i) -> (B, hi - lo, V)``,
-    ``full_step(i)``, ``block_done(run, lo, hi, last)``); rule: a :class:`dlm.commit.CommitRule`.
-    Returns :class:`GenerateOutput`; ``stats.extra`` holds ``flops``, ``blocks_run``, ``cache``
-    and ``rule`` (and ``hitting_time`` for rules that record one).
+    policy: a cache policy (``start(run)``, ``logits(run, lo, hi, i) -> (B, hi - lo, V)`` setting
+    ``run.refreshed``, ``block_done(run, lo, hi, last)``); rule: a :class:`dlm.commit.CommitRule`.
+    Returns :class:`GenerateOutput`; ``stats.extra`` holds ``flops``, ``blocks_run``, ``cache``,
+    ``rule``, ``refreshes`` (steps whose forward recomputed every column) and ``hitting_time``
+    for rules that record one.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -181,7 +193,7 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     x, P, mid = batch.x, batch.prompt_len, batch.mask_id
     B, T = x.shape
     dev = x.device
-    stats = SampleStats(extra={"cache": policy.name, "rule": rule.label, "flops": 0})
+    stats = SampleStats(extra={"cache": policy.name, "rule": rule.label, "flops": 0, "refreshes": 0})
     run = Run(model, x, batch.positions, batch.attention_mask, P, mid, tuple(blocks), backend, stats,
               ForwardTimer(stats, dev))
     policy.start(run)
@@ -210,7 +222,10 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
                 raise RuntimeError(f"commit rule {rule.label} made no progress in a block")
             run.active = eligible.any(-1)  # (B,) rows whose block still has [MASK] columns
             stats.row_steps += run.active
-            logits = policy.logits(run, lo, hi, i)  # (B, L, V)
+            logits = policy.logits(run, lo, hi, i)  # (B, L, V); sets run.refreshed
+            stats.row_refreshes += run.active & run.refreshed
+            full = bool(run.refreshed) if isinstance(run.refreshed, bool) else bool(run.refreshed.all())
+            stats.extra["refreshes"] += int(full)
             if rule.selects_first(i):  # the rule picks the columns, the proposal samples only those
                 commit, state = rule.select(None, eligible, i, state, generator)  # (B, L) bool
                 x0, conf = proposal(logits, commit, generator, exclude, rule.confidence)
@@ -228,7 +243,7 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
                 hit = (commit & torch.isin(x0, stops)).any(-1)  # (B,)
                 first_eos = torch.where(hit & (first_eos < 0), step, first_eos)
             if callback is not None:
-                callback(StepView(b, i, step, lo, hi, policy.full_step(i), x, logits, commit, run.cache))
+                callback(StepView(b, i, step, lo, hi, full, x, logits, commit, run.cache))
             i += 1
             step += 1
         blocks_run, decoded = b + 1, hi - P

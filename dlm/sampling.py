@@ -43,14 +43,12 @@ class FullSequence:
     def start(self, run: Run) -> None:
         pass
 
-    def full_step(self, i: int) -> bool:
-        return True
-
     def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
         pass
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         x, T = run.x, run.x.shape[1]
+        run.refreshed = True
         if self.cfg_scale <= 0:
             return run.forward(0, T, run.key_padding, slice(lo, hi))  # (B, L, V)
         prompt = torch.arange(T, device=x.device)[None] < run.prompt_len  # (1, T)

@@ -24,7 +24,8 @@ class SampleStats:
     row_*: (B,) the same costs per row, counted only while the row needs the forward (its block
         still has [MASK] columns, or it is not finished) and over its real (non-padding) columns,
         so a row's costs do not depend on the batch it ran in: row_nfe, row_steps,
-        row_positions, row_flops, row_tokens (answer columns the row committed).
+        row_positions, row_flops, row_tokens (answer columns the row committed), row_refreshes
+        (steps whose forward recomputed all of the row's columns: the cache policy's refreshes).
     """
 
     nfe: int = 0
@@ -40,6 +41,7 @@ class SampleStats:
     row_positions: Optional[Tensor] = None  # (B,) long
     row_flops: Optional[Tensor] = None  # (B,) long
     row_tokens: Optional[Tensor] = None  # (B,) long
+    row_refreshes: Optional[Tensor] = None  # (B,) long
     extra: dict = field(default_factory=dict)
 
     @property

@@ -87,7 +87,7 @@ def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Proble
     """Per-sample records of one sampler call over the rows ``idx`` (indices into ``problems``)."""
     P, st = mask.shape[1], out.stats
     stops = stop_ids(model)
-    row = {k: getattr(st, f"row_{k}").tolist() for k in ("nfe", "steps", "positions", "flops", "tokens")}
+    row = {k: getattr(st, f"row_{k}").tolist() for k in ("nfe", "steps", "positions", "flops", "tokens", "refreshes")}
     tails = tail_before_answer(out.sequences[:, P:], out.commit_step, model.config.eos_token_id).tolist()
     first_eos = st.first_eos_step.tolist()
     records = []
@@ -101,7 +101,7 @@ def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Proble
             "correct": bool(is_correct(text, p.target)),
             "correct_flexible": bool(is_correct(text, p.target, mode="flexible")),
             "nfe": row["nfe"][j], "steps": row["steps"][j], "positions_computed": row["positions"][j],
-            "flops": row["flops"][j], "tokens_committed": row["tokens"][j],
+            "flops": row["flops"][j], "refreshes": row["refreshes"][j], "tokens_committed": row["tokens"][j],
             "tokens_until_eos": int(st.tokens_until_eos[j]), "first_eos_step": int(first_eos[j]),
             "tail_before_answer": None if math.isnan(tails[j]) else round(tails[j], 4),
             "seconds": seconds, "batch_rows": len(idx), "cost_basis": "row", "factors": factors(strategy)})

@@ -11,12 +11,16 @@ cache              policy (which window a step recomputes, when K/V are written)
 ``none``           :class:`dlm.sampling.FullSequence`: prompt + answer, no cache (LLaDA)
 ``prefix``         :class:`fastdllm.PrefixCache`: ``[lo, T)``, refreshed per block (Fast-dLLM)
 ``dual``           :class:`fastdllm.DualCache`: the block only, refreshed per block (Fast-dLLM)
+``delayed``        :class:`fastdllm.delayed.DelayedCache`: decoded columns cached one step late,
+                   masked ones never (dKV-Cache; ``delay``)
+``adaptive``       :class:`fastdllm.adaptive.AdaptiveCache`: the dual cache refreshed per row
+                   when a drift test fires (after Elastic-Cache; ``tolerance``, ``every_block``)
 ``exact``          :class:`bd3lm.policy.ExactBlockCache`: the block only, block-causal, clean
                    blocks' K/V written once (BD3-LM; a block-diffusion model)
 ``block_causal``   the same attention without the cache (the whole prefix every step)
 =================  =========================================================================
 
-Adding a cache policy: its module (a class with ``name``, ``start``, ``logits``, ``full_step``,
+Adding a cache policy: its module (a class with ``name``, ``start``, ``logits`` setting ``run.refreshed``,
 ``block_done``) and one line in ``POLICIES``; adding a commit rule: :mod:`dlm.commit`.
 
 Grids (``GRIDS``) build the strategies of a results table from one set of numbers: ``table1``
@@ -39,6 +43,8 @@ from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
 from dlm.sampling import FullSequence, blocks_after
 from dlm.validate import check_blocks, prepare_batch
+from fastdllm.adaptive import AdaptiveCache
+from fastdllm.delayed import DelayedCache
 from fastdllm.dream import RULE_SETS, dream_block_rule, resolve_rules
 from fastdllm.policies import DualCache, PrefixCache
 
@@ -46,13 +52,17 @@ POLICIES = {  # (strategy, Fast-dLLM's Dream rules in force) -> policy
     "none": lambda s, dream: FullSequence(s.cfg_scale),
     "prefix": lambda s, dream: PrefixCache(s.refresh_every, at_block=dream),
     "dual": lambda s, dream: DualCache(s.refresh_every, at_block=dream),
+    "delayed": lambda s, dream: DelayedCache(1 if s.delay is None else s.delay, s.refresh_every, at_block=dream),
+    "adaptive": lambda s, dream: AdaptiveCache(0.02 if s.tolerance is None else s.tolerance,
+                                               every_block=s.every_block, at_block=dream),
     "exact": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=True),
     "block_causal": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=False),
 }
 BLOCK_MODELS = ("exact", "block_causal")  # policies for block-diffusion (BD3-LM) models
 DREAM_BLOCK_RULES = ("topk", "threshold", "factor")  # the rules fastdllm.dream gives a Dream form
 #: new fields, left out of as_dict() at these defaults so older results keep their config hashes
-_LATER_DEFAULTS = {"rules": "auto", "alg": None, "alg_temp": None, "eps": None, "top_k": None}
+_LATER_DEFAULTS = {"rules": "auto", "alg": None, "alg_temp": None, "eps": None, "top_k": None, "delay": None,
+                   "tolerance": None, "every_block": True}
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,9 @@ class Strategy:
     alg_temp: Optional[float] = None
     eps: Optional[float] = None
     top_k: Optional[int] = None
+    delay: Optional[int] = None
+    tolerance: Optional[float] = None
+    every_block: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name or "." in self.name:
@@ -106,6 +119,14 @@ class Strategy:
         if self.block_length is None and self.cache in BLOCK_MODELS:
             raise ValueError(f"strategy {self.name}: cache={self.cache!r} needs the model's block size "
                              "as block_length (Strategy.for_bd3)")
+        knobs = {"delay": ("delayed", self.delay is not None), "tolerance": ("adaptive", self.tolerance is not None),
+                 "every_block": ("adaptive", self.every_block is not True)}
+        for knob, (cache, given) in knobs.items():
+            if given and self.cache != cache:
+                raise ValueError(f"strategy {self.name}: {knob} is an option of cache={cache!r}")
+        if self.refresh_every is not None and self.cache == "adaptive":
+            raise ValueError(f"strategy {self.name}: cache='adaptive' refreshes on drift (tolerance), "
+                             "not refresh_every")
         if self.cfg_scale and self.cache != "none":
             raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
         check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)

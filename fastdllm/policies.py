@@ -91,7 +91,8 @@ class PrefixCache:
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         T = run.x.shape[1]
-        if self.full_step(i):
+        run.refreshed = self.full_step(i)
+        if run.refreshed:
             logits = run.forward(0, T, run.key_padding, slice(lo, hi), commit=True)  # (B, L, V)
             if self.name == "prefix":
                 run.cache.truncate(lo)  # keep K/V of the columns before the block only

@@ -38,7 +38,7 @@ EOS = 16  # a token the tiny models propose often, so stop_at_eos stops some row
 RULE_NUMBERS = {"topk": {}, "threshold": {"threshold": 0.2}, "factor": {"factor": 2.5}, "first_hitting": {},
                 "ancestral": {}}
 GREEDY_RULES = ("topk", "threshold", "factor")  # no draw from the generator at temperature 0
-FULL_CACHES = ("none", "prefix", "dual")  # bidirectional models
+FULL_CACHES = ("none", "prefix", "dual", "delayed", "adaptive")  # bidirectional models
 MODELS = {"llada": FULL_CACHES + BLOCK_MODELS, "dream": FULL_CACHES}  # Dream is no block-diffusion model
 
 
@@ -108,7 +108,7 @@ def no_forward(model):
 def test_the_grid_covers_every_policy_and_rule():
     assert set(RULE_NUMBERS) == set(RULES)
     assert set(FULL_CACHES + BLOCK_MODELS) == set(POLICIES)
-    assert len(ALL) == (5 + 3) * len(RULES) * 2
+    assert len(ALL) == (7 + 5) * len(RULES) * 2
 
 
 def test_stop_at_eos_is_exercised(tiny_model, tiny_dream, prompts):

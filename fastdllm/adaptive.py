@@ -1,0 +1,99 @@
+"""Adaptive refresh of the dual cache, driven by a drift test (after Elastic-Cache, Nguyen-Tri et
+al. 2025, "Attention Is All You Need for KV Cache in Diffusion LLMs": refresh only when the cache
+has drifted), a cache policy for the one loop :func:`dlm.sample.denoise`.
+
+Between refreshes every step is Fast-dLLM's dual-cache step: the block's window is recomputed
+(and its K/V written into the cache in place, as the reference dual cache does), every other
+column is read from the cache. After each step a cheap per-row drift test compares the keys of
+one probe layer with those the cache held right after that row's last refresh,
+
+    drift_t = mean_{h, j in answer} (1 - cos(K^l_t[h, j], K^l_ref[h, j])),
+
+the change of the answer's keys that the cached columns have not seen; when ``drift >= tolerance``
+the row's next step is a full refresh (all columns recomputed and rewritten). ``tolerance = 0``
+refreshes every step (uncached recomputation, token for token); ``inf`` never (with
+``every_block``: Fast-dLLM's dual cache, token for token). ``every_block=False`` drops the dual
+cache's unconditional refresh at each block start, so refreshes happen only on drift; the first
+step of a block then also recomputes the previous block (its last commits were made after its
+last forward, so the cache holds their [MASK] K/V).
+Each row decides for itself: rows that do not refresh pin their cached columns
+(:attr:`dlm.cache.KVCache.keep`) inside the batch's full-width forward, so a row decodes as alone.
+
+Differences from Elastic-Cache, which this is not a reproduction of: the test watches the keys of
+the answer at one layer, not the attention of the most-attended token, and a refresh recomputes
+every layer, not only those from the first drifting layer on; no sliding window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dlm.commit import check_real
+from dlm.sample import Run
+
+
+@dataclass(frozen=True)
+class AdaptiveCache:
+    """Cache policy "adaptive": the dual cache, refreshed per row when its drift test fires."""
+
+    tolerance: float = 0.02
+    probe_layer: int = -1
+    every_block: bool = True
+    at_block: bool = False  # shifted logits: windows start at the block (Fast-dLLM's Dream rules)
+    name = "adaptive"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.tolerance, (int, float)) and self.tolerance == math.inf):
+            check_real("tolerance", self.tolerance, 0.0, 2.0, low_open=False)
+        if isinstance(self.probe_layer, bool) or not isinstance(self.probe_layer, int):
+            raise TypeError(f"probe_layer must be an int, got {type(self.probe_layer).__name__}")
+        if not isinstance(self.every_block, bool):
+            raise TypeError(f"every_block must be a bool, got {type(self.every_block).__name__}")
+
+    def start(self, run: Run) -> None:
+        n_layers = run.model.config.n_layers
+        if not -n_layers <= self.probe_layer < n_layers:
+            raise ValueError(f"probe_layer must lie in [{-n_layers}, {n_layers}), got {self.probe_layer}")
+        run.new_cache()
+        run.state["due"] = torch.ones(run.x.shape[0], dtype=torch.bool, device=run.x.device)  # (B,)
+
+    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
+        run.state["last_block"] = lo  # its last commits are in the cache with [MASK] K/V
+
+    def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
+        x, T = run.x, run.x.shape[1]
+        cache = run.cache
+        active = run.active if run.active is not None else torch.ones_like(run.state["due"])  # (B,)
+        due = (active if self.every_block and i == 0 else run.state["due"]) & active
+        first = lo - int(run.model.config.shift_logits and not self.at_block)  # hidden states needed from here
+        if i == 0 and not self.every_block:  # the last block's final commits get their K/V once
+            first = min(first, run.state.get("last_block", first))
+        cols = torch.arange(T, device=x.device)
+        window = (cols >= first) & (cols < hi)  # (T,)
+        frozen = ~active[:, None]  # a finished row rides along unchanged, as if absent
+        n_due = int(due.sum())  # one host sync per step
+        run.refreshed = due
+        if n_due == 0:  # the dual step for every row
+            cache.keep = None if bool(active.all()) else frozen.expand(-1, T)
+            start, stop, head, span = first, hi, slice(lo - first, hi - first), None
+        else:
+            keep = (~due[:, None] & ~window[None, :]) | frozen  # (B, T) columns read from the cache
+            cache.keep = keep if bool(keep.any()) else None
+            start, stop, head = 0, T, slice(lo, hi)
+            span = (torch.where(due, 0, first), torch.where(due, T, hi))
+        try:
+            logits = run.forward(start, stop, run.key_padding, head, commit=True, row_span=span)  # (B, L, V)
+        finally:
+            cache.keep = None
+        layer = self.probe_layer % run.model.config.n_layers
+        keys = cache.k[layer, :, :, run.prompt_len:T]  # (B, H, G, D)
+        ref = run.state.setdefault("ref", keys.clone())
+        ref[due] = keys[due]  # a refreshed row's reference is its fresh keys
+        cos = torch.nn.functional.cosine_similarity(keys.double(), ref.double(), dim=-1)  # (B, H, G)
+        drift = (1 - cos.clamp(-1, 1)).mean(dim=(1, 2))  # (B,); 0 for refreshed rows
+        run.state["due"] = torch.where(active, drift >= self.tolerance, run.state["due"])
+        return logits
