@@ -46,14 +46,25 @@ from fastdllm.dream import RULE_SETS, resolve_rules
 from experiments.common import REPO, atomic_write_text, config_hash, git_sha
 
 
-def parse_refresh(text: str) -> Optional[int]:
-    """``block`` (refresh only at each block start) -> None; ``every:K`` -> K (K >= 1)."""
-    if text == "block":
-        return None
+def parse_refresh(text: str, cache: str = "dual") -> dict:
+    """A policy to compare -> ``fastdllm.generate`` cache arguments: ``block`` (``cache`` refreshed
+    at each block start), ``every:K`` (and every K-th step), ``delayed[:D]`` (dKV-Cache, delay D),
+    ``adaptive:TOL`` / ``adaptive-nb:TOL`` (drift-refreshed dual, with / without the block-start
+    refresh)."""
     head, _, k = str(text).partition(":")
-    if head == "every" and k.isdigit() and int(k) >= 1:
-        return int(k)
-    raise ValueError(f"refresh must be 'block' or 'every:K' with an integer K >= 1, got {text!r}")
+    try:
+        if text == "block":
+            return {"cache": cache}
+        if head == "every" and k.isdigit() and int(k) >= 1:
+            return {"cache": cache, "refresh_every": int(k)}
+        if head == "delayed" and (not k or (k.isdigit() and int(k) >= 1)):
+            return {"cache": "delayed", "delay": int(k) if k else 1}
+        if head in ("adaptive", "adaptive-nb") and k:
+            return {"cache": "adaptive", "tolerance": float(k), "every_block": head == "adaptive"}
+    except ValueError:
+        pass
+    raise ValueError(f"refresh must be 'block', 'every:K', 'delayed[:D]', 'adaptive:TOL' or 'adaptive-nb:TOL' "
+                     f"(integers K, D >= 1), got {text!r}")
 
 
 @dataclass(frozen=True)
@@ -98,13 +109,16 @@ class PromptDrift:
     first_divergence: Optional[int]  # first differing answer position vs the exact run
     nfe: int
     positions: int
+    refreshes: int = 0  # forwards that recomputed every column
 
 
 def cache_columns(cache: str, lo: int, hi: int, T: int, shift_logits: bool) -> Tensor:
-    """Columns a cached step of block [lo, hi) reads from the cache (fastdllm.policies.window)."""
+    """Columns a cached step of block [lo, hi) reads from the cache (fastdllm.policies.window):
+    prefix ``[0, lo)``, dual / adaptive also ``[hi, T)``; delayed: the prefix ``[0, lo)`` (it
+    recomputes the masked suffix, and the last block's final commits once)."""
     start = lo - int(shift_logits)
     before = torch.arange(start)
-    return before if cache == "prefix" else torch.cat([before, torch.arange(hi, T)])
+    return before if cache in ("prefix", "delayed") else torch.cat([before, torch.arange(hi, T)])
 
 
 def kv_drift(cached: Tensor, exact: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,7 +144,7 @@ def kl_divergence(exact_logits: Tensor, approx_logits: Tensor, mask_id: int) -> 
 
 
 @torch.no_grad()
-def measure(model, input_ids: Tensor, cfg: DriftConfig, refresh_every: Optional[int]) -> PromptDrift:
+def measure(model, input_ids: Tensor, cfg: DriftConfig, policy: Optional[dict] = None) -> PromptDrift:
     """Approximate run of one prompt (1, P) with the exact recomputation at every step."""
     from fastdllm.generate import generate as fast_generate
 
@@ -148,7 +162,7 @@ def measure(model, input_ids: Tensor, cfg: DriftConfig, refresh_every: Optional[
         before[:, lo:hi] = torch.where(v.commit, torch.full_like(v.commit, mid, dtype=v.x.dtype), v.x[:, lo:hi])
         fresh.reset()
         exact = model(before, cache=fresh, commit=True, logits_slice=slice(lo, hi))  # (1, L, V)
-        cols = cache_columns(cfg.cache, lo, hi, T, shift).to(v.x.device)
+        cols = cache_columns(policy["cache"], lo, hi, T, shift).to(v.x.device)
         k_cos, k_err = kv_drift(v.cache.k, fresh.k, cols)
         v_cos, v_err = kv_drift(v.cache.v, fresh.v, cols)
         masked = before[:, lo:hi] == mid  # (1, L)
@@ -162,12 +176,14 @@ def measure(model, input_ids: Tensor, cfg: DriftConfig, refresh_every: Optional[
     kw = dict(gen_length=cfg.gen, block_length=cfg.block, steps=cfg.steps, threshold=cfg.threshold,
               temperature=cfg.temperature, rules=cfg.rules)
     dev = input_ids.device
-    out = fast_generate(model, input_ids, cache=cfg.cache, refresh_every=refresh_every, callback=observe,
+    policy = {"cache": cfg.cache, **(policy or {})}
+    out = fast_generate(model, input_ids, **policy, callback=observe,
                         generator=torch.Generator(dev).manual_seed(cfg.seed), **kw)
     ref = fast_generate(model, input_ids, cache=None, generator=torch.Generator(dev).manual_seed(cfg.seed), **kw)
     diff = torch.nonzero(out.sequences[0] != ref.sequences[0]).flatten()
     first = int(diff[0]) - input_ids.shape[1] if diff.numel() else None
-    return PromptDrift(tuple(records), first, out.stats.nfe, out.stats.positions_computed)
+    return PromptDrift(tuple(records), first, out.stats.nfe, out.stats.positions_computed,
+                       int(out.stats.row_refreshes[0]))
 
 
 def summarize(runs: list[PromptDrift]) -> dict:
@@ -185,7 +201,8 @@ def summarize(runs: list[PromptDrift]) -> dict:
             "commit_differ_rate": sum(s.differ for s in steps) / max(committed, 1),
             "full_step_fraction": float(np.mean([s.full for s in steps])),
             "first_divergence": [r.first_divergence for r in runs],
-            "nfe": float(np.mean([r.nfe for r in runs])), "positions": float(np.mean([r.positions for r in runs]))}
+            "nfe": float(np.mean([r.nfe for r in runs])), "positions": float(np.mean([r.positions for r in runs])),
+            "refreshes": float(np.mean([r.refreshes for r in runs]))}
 
 
 def _num(x: float, spec: str) -> str:
@@ -274,7 +291,8 @@ def main(argv=None) -> dict:
     p.add_argument("--threshold", type=float, default=None, help="parallel decoding threshold instead of top-k")
     p.add_argument("--cache", default="dual", choices=["dual", "prefix"], help="Fast-dLLM cache policy")
     p.add_argument("--refresh", nargs="+", default=["block", "every:4"],
-                   help="refresh policies to compare: 'block' (each block start) or 'every:K' steps")
+                   help="policies to compare: 'block' (--cache refreshed at each block start), 'every:K' (and every "
+                        "K steps), 'delayed[:D]', 'adaptive:TOL', 'adaptive-nb:TOL' (fastdllm.delayed / .adaptive)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--layers", type=int, default=4, help="layers of the tiny random model")
     p.add_argument("--seed", type=int, default=0)
@@ -285,7 +303,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
-    policies = {name: parse_refresh(name) for name in args.refresh}
+    policies = {name: parse_refresh(name, args.cache) for name in args.refresh}
     cfg = DriftConfig(args.gen, args.block, args.steps, args.cache, args.threshold, args.temperature, args.seed)
     if args.model is None:
         model, tok, model_name = tiny_random_model(args.layers, args.seed), None, "tiny-random"

@@ -43,18 +43,21 @@ from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
 from dlm.sampling import FullSequence, blocks_after
 from dlm.validate import check_blocks, prepare_batch
-from fastdllm.adaptive import AdaptiveCache
-from fastdllm.delayed import DelayedCache
 from fastdllm.dream import RULE_SETS, dream_block_rule, resolve_rules
-from fastdllm.policies import DualCache, PrefixCache
+from fastdllm.policies import cache_policy
+
+
+def _approximate(s: "Strategy", dream: bool):
+    return cache_policy(s.cache, s.refresh_every, dream, delay=s.delay, tolerance=s.tolerance,
+                        every_block=s.every_block)
+
 
 POLICIES = {  # (strategy, Fast-dLLM's Dream rules in force) -> policy
     "none": lambda s, dream: FullSequence(s.cfg_scale),
-    "prefix": lambda s, dream: PrefixCache(s.refresh_every, at_block=dream),
-    "dual": lambda s, dream: DualCache(s.refresh_every, at_block=dream),
-    "delayed": lambda s, dream: DelayedCache(1 if s.delay is None else s.delay, s.refresh_every, at_block=dream),
-    "adaptive": lambda s, dream: AdaptiveCache(0.02 if s.tolerance is None else s.tolerance,
-                                               every_block=s.every_block, at_block=dream),
+    "prefix": _approximate,
+    "dual": _approximate,
+    "delayed": _approximate,
+    "adaptive": _approximate,
     "exact": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=True),
     "block_causal": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=False),
 }
@@ -119,14 +122,6 @@ class Strategy:
         if self.block_length is None and self.cache in BLOCK_MODELS:
             raise ValueError(f"strategy {self.name}: cache={self.cache!r} needs the model's block size "
                              "as block_length (Strategy.for_bd3)")
-        knobs = {"delay": ("delayed", self.delay is not None), "tolerance": ("adaptive", self.tolerance is not None),
-                 "every_block": ("adaptive", self.every_block is not True)}
-        for knob, (cache, given) in knobs.items():
-            if given and self.cache != cache:
-                raise ValueError(f"strategy {self.name}: {knob} is an option of cache={cache!r}")
-        if self.refresh_every is not None and self.cache == "adaptive":
-            raise ValueError(f"strategy {self.name}: cache='adaptive' refreshes on drift (tolerance), "
-                             "not refresh_every")
         if self.cfg_scale and self.cache != "none":
             raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
         check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
@@ -140,7 +135,13 @@ class Strategy:
         for family in ("llada", "dream") if self.rules == "auto" else (self.rules,):
             self.commit_rule(family)  # validates rule, threshold, factor, steps, Dream's options
             self.proposal(family)  # validates temperature, remasking, top_p, top_k
-        POLICIES[self.cache](self, False)  # validates refresh_every
+        if self.cache == "none" and (self.delay is not None or self.tolerance is not None or not self.every_block):
+            raise ValueError(f"strategy {self.name}: delay / tolerance / every_block are options of the "
+                             "delayed / adaptive caches")
+        try:
+            POLICIES[self.cache](self, False)  # validates refresh_every, delay, tolerance, every_block
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"strategy {self.name}: {e}") from None
 
     @property
     def block(self) -> int:

@@ -55,11 +55,16 @@ def generate(
     top_k: Optional[int] = None,
     eps: float = 1e-3,
     alg_temp: Optional[float] = None,
+    delay: Optional[int] = None,
+    tolerance: Optional[float] = None,
+    every_block: bool = True,
 ) -> GenerateOutput:
     """Fast-dLLM generation for a (left-padded) prompt batch ``input_ids`` (B, P).
 
-    cache: ``None`` | ``"prefix"`` | ``"dual"`` (Fast-dLLM Sec. 3.2); refresh_every: also redo
-    the full committing forward every k-th step of a block. threshold (in (0, 1]) / factor (> 0):
+    cache: ``None`` | ``"prefix"`` | ``"dual"`` (Fast-dLLM Sec. 3.2) | ``"delayed"`` (dKV-Cache,
+    :mod:`fastdllm.delayed`, ``delay``) | ``"adaptive"`` (drift-refreshed dual,
+    :mod:`fastdllm.adaptive`, ``tolerance``, ``every_block``); refresh_every: also redo the full
+    committing forward every k-th step of a block. threshold (in (0, 1]) / factor (> 0):
     confidence-aware parallel decoding (eq. 5 / eq. 6); otherwise ``steps`` (default
     ``gen_length``) are split evenly over the blocks as LLaDA's linear top-k schedule.
     stop_at_eos: a row whose answer holds ``config.eos_token_id`` after a block commits nothing
@@ -78,7 +83,8 @@ def generate(
     ``blocks_run``, ``cache`` and ``rule``.
     """
     family = resolve_rules(rules, model)
-    policy = cache_policy(cache, refresh_every, at_block=family == "dream")
+    policy = cache_policy(cache, refresh_every, at_block=family == "dream", delay=delay, tolerance=tolerance,
+                          every_block=every_block)
     if threshold is not None and factor is not None:
         raise ValueError("give at most one of threshold and factor, not both")
     steps = gen_length if steps is None else steps

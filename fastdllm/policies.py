@@ -32,7 +32,10 @@ from dlm.sample import Run
 from dlm.sampling import FullSequence
 from dlm.stats import forward_flops
 
-CACHE_MODES = (None, "prefix", "dual")
+from .adaptive import AdaptiveCache
+from .delayed import DelayedCache
+
+CACHE_MODES = (None, "prefix", "dual", "delayed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -109,17 +112,29 @@ class DualCache(PrefixCache):
     name = "dual"
 
 
-def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_block: bool = False):
+def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_block: bool = False, *,
+                 delay: Optional[int] = None, tolerance: Optional[float] = None, every_block: bool = True):
     """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`);
-    ``at_block``: cached windows start at the block (Fast-dLLM's Dream rules)."""
+    ``at_block``: cached windows start at the block (Fast-dLLM's Dream rules); ``delay``: of
+    ``"delayed"`` (default 1); ``tolerance``, ``every_block``: of ``"adaptive"`` (default 0.02)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    for knob, owner, given in (("delay", "delayed", delay is not None), ("tolerance", "adaptive", tolerance is not None),
+                               ("every_block", "adaptive", every_block is not True)):
+        if given and cache != owner:
+            raise ValueError(f"{knob} is an option of cache={owner!r}, not of {cache!r}")
     if cache is None:
         if refresh_every is not None:
             check_int("refresh_every", refresh_every)
             raise ValueError("refresh_every needs cache='prefix' or 'dual' (without a cache "
                              "every forward is already a full one)")
         return FullSequence()
+    if cache == "delayed":
+        return DelayedCache(1 if delay is None else delay, refresh_every, at_block)
+    if cache == "adaptive":
+        if refresh_every is not None:
+            raise ValueError("cache='adaptive' refreshes on drift (tolerance), not refresh_every")
+        return AdaptiveCache(0.02 if tolerance is None else tolerance, every_block=every_block, at_block=at_block)
     return (PrefixCache if cache == "prefix" else DualCache)(refresh_every, at_block)
 
 

@@ -20,8 +20,10 @@ CFG = dict(gen=12, block=4)
 
 
 def _run(model, cache, refresh, **kw):
+    """refresh: None (block starts), K (every K steps) or a policy dict (drift.parse_refresh)."""
     ids = random_prompts(1, 5, model.config, seed=3)
-    return drift.measure(model, ids, drift.DriftConfig(cache=cache, **CFG, **kw), refresh)
+    policy = refresh if isinstance(refresh, dict) else None if refresh is None else {"refresh_every": refresh}
+    return drift.measure(model, ids, drift.DriftConfig(cache=cache, **CFG, **kw), policy)
 
 
 @pytest.mark.parametrize("cache", ["dual", "prefix"])
@@ -78,10 +80,26 @@ def test_cli_writes_results(tmp_path, capsys):
     assert "| every:1 |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad", ["never", "every:0", "every:x", "every:"])
+@pytest.mark.parametrize("spec", ["delayed", "delayed:2", "adaptive:0.05", "adaptive-nb:0.05"])
+def test_new_policies_one_layer_exact_and_deeper_drift(spec):
+    """The delayed and adaptive caches: exact on one layer, drifting (and counted) on three."""
+    policy = drift.parse_refresh(spec)
+    r = _run(tiny_model(n_layers=1), "dual", refresh=policy)
+    assert all(s.k_err == s.v_err == (0.0,) and s.differ == 0 for s in r.steps)
+    assert r.first_divergence is None and r.refreshes >= 1
+    deep = _run(tiny_model(n_layers=3), "dual", refresh=policy)
+    assert max(s.kl_max for s in deep.steps if not s.full) > 1e-6
+    always = _run(tiny_model(n_layers=3), "dual", refresh=drift.parse_refresh("adaptive:0"))
+    assert all(s.full for s in always.steps) and max(s.kl_max for s in always.steps) == 0.0
+    assert always.refreshes == len(always.steps)
+
+
+@pytest.mark.parametrize("bad", ["never", "every:0", "every:x", "every:", "delayed:0", "delayed:x", "adaptive",
+                                 "adaptive:", "adaptive:x", "adaptive-nb:-1"])
 def test_bad_refresh(bad):
-    with pytest.raises(ValueError, match="refresh"):
-        drift.parse_refresh(bad)
+    with pytest.raises(ValueError, match="refresh|tolerance"):
+        policy = drift.parse_refresh(bad)
+        drift.measure(tiny_model(), random_prompts(1, 5, tiny_model().config), drift.DriftConfig(**CFG), policy)
 
 
 def test_bad_inputs(tmp_path):
