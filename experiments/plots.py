@@ -64,6 +64,13 @@ def plot_pareto(rows: Sequence, path: Path, meta: dict) -> None:
         on = i in front
         ax.errorbar([x], [y], yerr=yerr, fmt="o", ms=7 if on else 5, capsize=3,
                     color="tab:red" if on else "tab:gray", alpha=1.0 if on else 0.6)
+    groups: dict = {}  # one line per cache policy when it has several points (a sweep)
+    for i, r in enumerate(rows):
+        groups.setdefault((r.factors or {}).get("cache"), []).append(i)
+    for c, (cache, idx) in enumerate(sorted((k, v) for k, v in groups.items() if k is not None and len(v) > 1)):
+        idx = sorted(idx, key=lambda i: pts[i][0])
+        ax.plot([pts[i][0] for i in idx], [pts[i][1] for i in idx], ":", color=f"C{c % 10}", lw=1.2,
+                label=f"cache {cache}")
     order = sorted(front, key=lambda i: pts[i][0])
     ax.plot([pts[i][0] for i in order], [pts[i][1] for i in order], "-", color="tab:red", lw=1.5,
             label="Pareto front")

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from experiments.common import atomic_write_text, read_jsonl
+from dlm.tasks.evaluate import mcnemar_exact
 from experiments.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
 from experiments.strategy import STRATEGY_NAMES
 
@@ -84,6 +85,8 @@ class Row:
     config_hashes: str
     git_shas: str
     batch_rows: str = "?"  # batch size(s) the samples were decoded at ("?": not recorded)
+    mcnemar_p: float = float("nan")  # exact McNemar p vs the speed-up reference on the shared problems
+    discordant: str = "-"  # "b/c": reference right & row wrong / reference wrong & row right
 
 
 def batch_sizes(records: Sequence[dict]) -> str:
@@ -141,13 +144,28 @@ def speedup_reference(rows: Sequence[Row], baseline: str) -> tuple[Optional[Row]
     return rows[0], f"no {baseline} row: speed-ups relative to {rows[0].strategy} instead"
 
 
+def paired_test(base: Sequence[dict], other: Sequence[dict]) -> tuple[float, str]:
+    """Exact McNemar p and the discordant counts "b/c" of two strategies on their shared problems
+    (b: ``base`` right, ``other`` wrong; c: the reverse)."""
+    right = {r["id"]: bool(r["correct"]) for r in base}
+    shared = [(right[r["id"]], bool(r["correct"])) for r in other if r["id"] in right]
+    b = sum(x and not y for x, y in shared)
+    c = sum(y and not x for x, y in shared)
+    return mcnemar_exact(b, c), f"{b}/{c}"
+
+
 def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0) -> list[Row]:
-    """One row per strategy, speed-up relative to :func:`speedup_reference`."""
+    """One row per strategy, speed-up and paired McNemar test relative to :func:`speedup_reference`."""
     rows = [summarize(name, recs, n_resamples, seed) for name, recs in runs.items()]
     base, _ = speedup_reference(rows, baseline)
     if base is None:
         return rows
-    return [Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second}) for r in rows]
+    out = []
+    for r in rows:
+        p, bc = paired_test(runs[base.strategy], runs[r.strategy])
+        out.append(Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second,
+                          "mcnemar_p": p, "discordant": bc}))
+    return out
 
 
 def mixed_batches(rows: Sequence[Row]) -> bool:
@@ -247,21 +265,23 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"git {' '.join(meta['run_git_shas'])} (the commits that produced the samples); {_speedup_words(meta)}; "
              f"95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
              f"{meta['bootstrap']['seed']}); throughput = tokens up to and including the first EOS / "
-             f"wall-clock seconds of generation.{_batch_words(meta)}", "",
-             f"| strategy | accuracy % [95% CI] | tokens/s{' (batch size)' if mixed else ''} | speed-up vs "
-             f"{meta['speedup_reference']} | NFE | NFE/token | tokens/step | positions/token | n | config |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"wall-clock seconds of generation; McNemar: exact paired test against the same row on the "
+             f"same problems (b/c: problems only it / only this row solves).{_batch_words(meta)}", "",
+             f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | tokens/s{' (batch size)' if mixed else ''} | "
+             f"speed-up vs {meta['speedup_reference']} | NFE | NFE/token | tokens/step | positions/token | n | config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         batch = f" (batch {r.batch_rows})" if mixed else ""
+        test = "-" if r.strategy == meta["speedup_reference"] else f"{_fmt(r.mcnemar_p, '.2g')} ({r.discordant})"
         lines.append(f"| {r.strategy} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | "
-                     f"{_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
+                     f"{test} | {_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "tokens_per_second", "batch_rows", "speedup",
-              "speedup_vs", "nfe", "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds",
+CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "mcnemar_p", "discordant", "tokens_per_second",
+              "batch_rows", "speedup", "speedup_vs", "nfe", "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds",
               "config_hashes", "git_shas")
 
 

@@ -24,7 +24,9 @@ Adding a cache policy: its module (a class with ``name``, ``start``, ``logits`` 
 ``block_done``) and one line in ``POLICIES``; adding a commit rule: :mod:`dlm.commit`.
 
 Grids (``GRIDS``) build the strategies of a results table from one set of numbers: ``table1``
-(Fast-dLLM's Table 1 line-up + BD3-LM) and ``factorial`` (cache x rule x stop_at_eos x block).
+(Fast-dLLM's Table 1 line-up + BD3-LM), ``factorial`` (cache x rule x stop_at_eos x block),
+``caches`` (every approximate cache under the threshold rule) and ``sweep`` (the curves: each
+cache's threshold, factor, block length and tolerance swept).
 """
 
 from __future__ import annotations
@@ -246,7 +248,52 @@ def factorial(gen_length: int = 256, block_length: int = 32, steps: Optional[int
     return tuple(cells)
 
 
-GRIDS = {"table1": table1, "factorial": factorial}
+def caches(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
+           factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
+    """Every approximate cache policy under the threshold rule: Fast-dLLM's prefix and dual, the
+    delayed cache (dKV-Cache) and the drift-refreshed dual cache with / without its block-start
+    refresh (tolerance 0.02)."""
+    base = Strategy("cache_dual_threshold", "dual", "threshold", gen_length, block_length, steps, threshold,
+                    temperature=temperature, rules=rules)
+    return (replace(base, name="cache_prefix_threshold", cache="prefix"), base,
+            replace(base, name="cache_delayed_threshold", cache="delayed"),
+            replace(base, name="cache_adaptive_threshold", cache="adaptive", tolerance=0.02),
+            replace(base, name="cache_adaptive_nb_threshold", cache="adaptive", tolerance=0.02, every_block=False))
+
+
+SWEEP = {"threshold": (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), "factor": (0.5, 1.0, 2.0, 4.0),
+         "block_length": (8, 16, 32, 64, 128), "tolerance": (0.005, 0.01, 0.02, 0.05, 0.1)}
+SWEEP_CACHES = {"prefix": {}, "dual": {}, "delayed": {}, "adaptive": {"tolerance": 0.02},
+                "adaptive_nb": {"tolerance": 0.02, "every_block": False}}
+
+
+def _tag(x: float) -> str:
+    return f"{x:g}".replace(".", "p")
+
+
+def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
+          factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
+    """Accuracy-vs-throughput curves: per cache policy (``SWEEP_CACHES``) the threshold rule over
+    ``SWEEP["threshold"]``, the factor rule over ``SWEEP["factor"]``, the block length over
+    ``SWEEP["block_length"]`` (threshold ``threshold``), and the adaptive caches' tolerance over
+    ``SWEEP["tolerance"]``; cells ``sw_<cache>_thr<t>`` / ``_f<f>`` / ``_b<L>`` / ``_tol<x>`` (numbers
+    with ``p`` for the point: ``sw_dual_thr0p9``).
+    The block lengths that do not divide ``gen_length`` are left out."""
+    cells = []
+    for cache, knobs in SWEEP_CACHES.items():
+        base = Strategy(f"sw_{cache}", cache.removesuffix("_nb"), "threshold", gen_length, block_length, steps,
+                        threshold, temperature=temperature, rules=rules, **knobs)
+        cells += [replace(base, name=f"{base.name}_thr{_tag(t)}", threshold=t) for t in SWEEP["threshold"]]
+        cells += [replace(base, name=f"{base.name}_f{_tag(f)}", rule="factor", threshold=None, factor=f)
+                  for f in SWEEP["factor"]]
+        cells += [replace(base, name=f"{base.name}_b{L}", block_length=L) for L in SWEEP["block_length"]
+                  if gen_length % L == 0 and L != block_length and (steps is None or steps % (gen_length // L) == 0)]
+        if cache.startswith("adaptive"):
+            cells += [replace(base, name=f"{base.name}_tol{_tag(x)}", tolerance=x) for x in SWEEP["tolerance"]]
+    return tuple(cells)
+
+
+GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sweep}
 STRATEGY_NAMES = tuple(s.name for grid in GRIDS.values() for s in grid())
 
 
@@ -270,9 +317,10 @@ def resolve(names: Sequence[str], **numbers) -> list[Strategy]:
 def factors(s: Strategy) -> dict:
     """Factor levels recorded with every sample (the ablation reads them back)."""
     kind = "bd3lm" if s.cache in BLOCK_MODELS else "baseline" if (s.cache, s.rule) == ("none", "topk") else "fastdllm"
-    return {"kind": kind, "cache": s.cache, "parallel": s.rule if s.rule in ("threshold", "factor") else "none",
+    cache = "adaptive_nb" if s.cache == "adaptive" and not s.every_block else s.cache
+    return {"kind": kind, "cache": cache, "parallel": s.rule if s.rule in ("threshold", "factor") else "none",
             "stop_at_eos": s.stop_at_eos, "block_length": s.block}
 
 
-__all__ = ["BLOCK_MODELS", "GRIDS", "POLICIES", "RULES", "STRATEGY_NAMES", "Strategy", "factorial", "factors",
-           "resolve", "table1"]
+__all__ = ["BLOCK_MODELS", "GRIDS", "POLICIES", "RULES", "STRATEGY_NAMES", "SWEEP", "Strategy", "caches",
+           "factorial", "factors", "resolve", "sweep", "table1"]

@@ -115,3 +115,15 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
     overlapping = [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
     assert not overlapping
     plt.close(fig)
+
+
+def test_paired_mcnemar_against_the_baseline_counts_shared_problems():
+    from dlm.tasks.evaluate import mcnemar_exact
+    from experiments.report import paired_test
+
+    base = [{"id": i, "correct": c} for i, c in enumerate([1, 1, 1, 0, 0, 1, 0, 1])]
+    other = [{"id": i, "correct": c} for i, c in enumerate([1, 0, 0, 1, 0, 1, 1, 0])] + [{"id": 99, "correct": 1}]
+    p, bc = paired_test(base, other)
+    assert bc == "3/2"  # ids 1, 2, 7 only the base solves; 3, 6 only the other; id 99 is not shared
+    assert p == mcnemar_exact(3, 2)
+    assert paired_test(base, base) == (1.0, "0/0")
