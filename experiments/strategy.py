@@ -15,6 +15,8 @@ cache              policy (which window a step recomputes, when K/V are written)
                    masked ones never (dKV-Cache; ``delay``)
 ``adaptive``       :class:`fastdllm.adaptive.AdaptiveCache`: the dual cache refreshed per row
                    when a drift test fires (after Elastic-Cache; ``tolerance``, ``every_block``)
+``ar``             :class:`dlm.ar.ARCache`: autoregressive, causal, one column per step over an
+                   exact cache (``block_length=1``; an AR-trained model)
 ``exact``          :class:`bd3lm.policy.ExactBlockCache`: the block only, block-causal, clean
                    blocks' K/V written once (BD3-LM; a block-diffusion model)
 ``block_causal``   the same attention without the cache (the whole prefix every step)
@@ -40,6 +42,7 @@ from torch import Tensor
 
 from bd3lm.policy import ALIGNS, ExactBlockCache
 from bd3lm.sampler import block_layout
+from dlm.ar import ARCache
 from dlm.commit import RULES, Proposal, check_int, check_real, make_rule
 from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
@@ -60,6 +63,7 @@ POLICIES = {  # (strategy, Fast-dLLM's Dream rules in force) -> policy
     "dual": _approximate,
     "delayed": _approximate,
     "adaptive": _approximate,
+    "ar": lambda s, dream: ARCache(),
     "exact": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=True),
     "block_causal": lambda s, dream: ExactBlockCache(s.block_length, s.align, use_cache=False),
 }
@@ -124,6 +128,9 @@ class Strategy:
         if self.block_length is None and self.cache in BLOCK_MODELS:
             raise ValueError(f"strategy {self.name}: cache={self.cache!r} needs the model's block size "
                              "as block_length (Strategy.for_bd3)")
+        if self.cache == "ar" and (self.block_length != 1 or self.rule != "topk"):
+            raise ValueError(f"strategy {self.name}: cache='ar' decodes one column per step: block_length=1, "
+                             "rule='topk'")
         if self.cfg_scale and self.cache != "none":
             raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
         check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
@@ -161,7 +168,7 @@ class Strategy:
     def family(self, model) -> str:
         """``llada`` or ``dream``: whose block rules run on ``model`` (Dream's only for the rules
         and caches Fast-dLLM's Dream sampler has)."""
-        if self.rule not in DREAM_BLOCK_RULES or self.cache in BLOCK_MODELS:
+        if self.rule not in DREAM_BLOCK_RULES or self.cache in BLOCK_MODELS + ("ar",):
             return "llada"
         return resolve_rules(self.rules, model)
 
@@ -293,7 +300,14 @@ def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = 
     return tuple(cells)
 
 
-GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sweep}
+def autoregressive(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
+                   factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
+    """AR decoding with the exact KV cache (an AR-trained model), run to the end and stopping at EOS."""
+    ar = Strategy("ar", "ar", "topk", gen_length, 1, temperature=temperature)
+    return ar, replace(ar, name="ar_eos", stop_at_eos=True)
+
+
+GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sweep, "autoregressive": autoregressive}
 STRATEGY_NAMES = tuple(s.name for grid in GRIDS.values() for s in grid())
 
 

@@ -107,7 +107,7 @@ def no_forward(model):
 
 def test_the_grid_covers_every_policy_and_rule():
     assert set(RULE_NUMBERS) == set(RULES)
-    assert set(FULL_CACHES + BLOCK_MODELS) == set(POLICIES)
+    assert set(FULL_CACHES + BLOCK_MODELS + ("ar",)) == set(POLICIES)  # ar: one column per step, tests/test_ar.py
     assert len(ALL) == (7 + 5) * len(RULES) * 2
 
 

@@ -1,0 +1,59 @@
+"""Autoregressive decoding as a cache policy of the one loop (:func:`dlm.sample.denoise`): the
+"AR + KV cache" row of ``experiments.compute_cost``, for models trained left to right
+(``dlm.objectives.ARSFTLoss``; a Dream-style model before its diffusion adaptation).
+
+Blocks are single columns (``block_length = 1``, one step each). The first step prefills the
+prompt: one causal forward over ``[0, P)`` (``[0, P]`` for shifted logits, whose logit ``P`` is
+the hidden state of ``P - 1``) that writes its K/V and predicts column ``P`` from the hidden state
+of column ``P - 1``. Every later step runs the one column decoded last, ``j - 1``,
+causally over the cache, writes its K/V and predicts column ``j``:
+
+    p(x_j | x_<j) = softmax(W h^L_{j-1}),   h_{j-1} attending to K/V of columns <= j - 1.
+
+Column ``j``'s logit comes from hidden state ``j - 1`` whether the model shifts its logits
+(Dream: the window's first logit is its own hidden state's) or not (a plain LM's logit at ``j - 1``
+is the next token's), so one window serves both. The cache is exact: no column's K/V depend on
+a later column. Left padding: key padding plus each query seeing itself (a padding query has no
+real key before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .attention import causal_mask
+from .sample import Run
+
+
+@dataclass(frozen=True)
+class ARCache:
+    """Cache policy "ar": one prefill, then one column per step with the exact KV cache."""
+
+    name = "ar"
+
+    def start(self, run: Run) -> None:
+        for lo, hi in run.blocks:
+            if hi - lo != 1:
+                raise ValueError(f"cache 'ar' decodes one column per block (block_length=1), got block [{lo}, {hi})")
+        run.new_cache()
+
+    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
+        pass
+
+    def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
+        run.refreshed = False
+        shift = bool(run.model.config.shift_logits)
+        if run.cache.length == 0:  # prefill [0, P), and column P itself where logit P needs the shift
+            start, stop = 0, lo + shift
+            head = slice(stop - 1, stop)
+        else:  # the column decoded last; the window's only logit is its hidden state's, shifted or not
+            start, stop, head = lo - 1, lo, slice(0, 1)
+        cols = torch.arange(start, stop, device=run.x.device)  # (W,) query columns
+        am = run.attention_mask
+        mask = causal_mask(cols, stop, None if am is None else am[:, :stop])  # (1|B, 1, W, stop)
+        if am is not None:
+            mask = mask | (cols[:, None] == torch.arange(stop, device=run.x.device)[None, :])
+        return run.forward(start, stop, mask, head, commit=True)  # (B, 1, V)
