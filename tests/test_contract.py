@@ -59,7 +59,8 @@ LLADA = _cases(models=("llada",))  # (c), (d): Dream's window shift draws nothin
 
 
 def strategy(cache: str, rule: str, stop: bool, **kw) -> Strategy:
-    return Strategy(f"{cache}_{rule}", cache, rule, gen_length=G, block_length=L, stop_at_eos=stop,
+    block = 1 if cache == "ar" else L  # AR decodes one column per block
+    return Strategy(f"{cache}_{rule}", cache, rule, gen_length=G, block_length=block, stop_at_eos=stop,
                     **RULE_NUMBERS[rule], **kw)
 
 
