@@ -128,9 +128,6 @@ class Strategy:
         if self.block_length is None and self.cache in BLOCK_MODELS:
             raise ValueError(f"strategy {self.name}: cache={self.cache!r} needs the model's block size "
                              "as block_length (Strategy.for_bd3)")
-        if self.cache == "ar" and (self.block_length != 1 or self.rule != "topk"):
-            raise ValueError(f"strategy {self.name}: cache='ar' decodes one column per step: block_length=1, "
-                             "rule='topk'")
         if self.cfg_scale and self.cache != "none":
             raise ValueError(f"strategy {self.name}: cfg_scale needs cache='none'")
         check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
@@ -147,6 +144,9 @@ class Strategy:
         if self.cache == "none" and (self.delay is not None or self.tolerance is not None or not self.every_block):
             raise ValueError(f"strategy {self.name}: delay / tolerance / every_block are options of the "
                              "delayed / adaptive caches")
+        if self.cache == "ar" and (self.block_length != 1 or self.rule != "topk"):
+            raise ValueError(f"strategy {self.name}: cache='ar' decodes one column per step: block_length=1, "
+                             "rule='topk'")
         try:
             POLICIES[self.cache](self, False)  # validates refresh_every, delay, tolerance, every_block
         except (TypeError, ValueError) as e:

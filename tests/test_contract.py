@@ -238,7 +238,7 @@ def test_strategy_run_refuses_non_matrix_input_ids(tiny_model, cache, ids):
 ])
 @pytest.mark.parametrize("cache", tuple(POLICIES))
 def test_bad_strategy_numbers_raise_at_construction(cache, kwargs, word):
-    base = dict(name="bad", cache=cache, rule="topk", gen_length=G, block_length=L)
+    base = dict(name="bad", cache=cache, rule="topk", gen_length=G, block_length=1 if cache == "ar" else L)
     with pytest.raises(ValueError, match=word):
         Strategy(**{**base, **kwargs})
 
