@@ -203,6 +203,8 @@ QUESTIONS = (
     ("Is BD3-LM's KV cache exact, and what does each block size give?", ("bd3lm_blocks",)),
     ("Perplexity vs block size (BD3-LM Table 3) and clipped schedules (Table 2)", ("perplexity_",)),
     ("What does each sampler compute: passes, positions, FLOPs?", ("cost_",)),
+    ("Beyond Fast-dLLM: delayed (dKV-Cache) and drift-refreshed caches on the same frontier", ("caches_",)),
+    ("Dream's family: Dream's own sampler and Fast-dLLM's Dream rules vs its LLaDA rules", ("dream_",)),
     ("How far do the approximate caches drift from exact recomputation?", ("drift_",)),
     ("In which order does each sampler commit tokens?", ("trace_",)),
 )

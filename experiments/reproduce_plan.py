@@ -133,6 +133,62 @@ def training_jobs(out: str, work: str) -> list[Job]:
     ]
 
 
+DREAM_TASK = ("--max-value", 9, "--ema", 0)
+DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
+                    "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
+
+
+def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
+    """The embedded Dream-style model (an AR model, then the shifted-logit diffusion SFT, as Dream
+    was made), its strategy table under Fast-dLLM's Dream rules, the rule-set comparison, and the
+    cache policies side by side on ``llada-chain``."""
+    dream, after = f"{ck}/dream-arith", (("train_dream",) if full else ())
+    n, n_caches = _cap(128, limit), _cap(200, limit)
+    report = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
+    return [
+        Job("train_dream_ar", "experiments.train_llada",
+            ("--out", f"{work}/dream-ar", "--family", "dream", "--objective", "ar", "--d-model", 128, "--n-layers", 4,
+             "--n-heads", 4, "--lr", 3e-3, "--warmup", 100, "--steps", 1500, *DREAM_TASK, "--response-lengths", 32,
+             "--response-probs", 1.0, "--fewshot-prob", 0.2, "--eval-every", 100000, "--save-every", 250),
+            "Dream-style model, stage 1: an autoregressive model (causal next-token SFT, Qwen2 layout)",
+            (f"{work}/dream-ar/model/config.json",), cost_min=25, training=True),
+        Job("train_dream_p1", "experiments.train_llada",
+            ("--init", f"{work}/dream-ar/model", "--out", f"{work}/dream-p1", "--objective", "diffusion",
+             "--lr", 2e-3, "--warmup", 50, "--steps", 1800, "--short-steps", 1200, *DREAM_TASK, "--weighting", "uniform",
+             "--response-lengths", 32, 256, 512, "--response-probs", 0.8, 0.15, 0.05, "--fewshot-prob", 0.2,
+             "--eval-every", 600, "--save-every", 200),
+            "Dream-style model, stage 2: the AR model adapted to masked diffusion (shifted logits)",
+            (f"{work}/dream-p1/model/config.json",), after=("train_dream_ar",), cost_min=20, training=True),
+        Job("train_dream", "experiments.train_llada",
+            ("--init", f"{work}/dream-p1/model", "--out", f"{work}/dream-p2", "--objective", "diffusion",
+             "--steps", 1000, "--batch-size", 16, "--lr", 1e-3, "--warmup", 50, *DREAM_TASK, "--weighting", "uniform",
+             "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.2, 0.2, 0.4, 0.2, "--fewshot-prob", 0.2,
+             "--eval-every", 500, "--save-every", 100),
+            "embedded Dream-style model (stage 3: long EOS tails)", ("checkpoints/dream-arith/config.json",),
+            after=("train_dream_p1",), cost_min=15, export=(f"{work}/dream-p2/model", f"{ck}/dream-arith"),
+            training=True),
+        Job("gsm8k_dream_256", "experiments.gsm8k",
+            ("--limit", n, "--batch-size", 32, "--gen-length", 256, "--block-length", 32, "--num-fewshot", 0,
+             "--strategies", *DREAM_STRATEGIES, "--model", dream, "--out", f"{out}/gsm8k_dream_256"),
+            "GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen 256, 0-shot",
+            tuple(f"gsm8k_dream_256/{f}" for f in report), ("gsm8k_dream_256/*.jsonl",), always=True, after=after,
+            cost_min=40.0 * n / 128),
+        Job("dream_rules", "research.dream_rules",
+            ("--model", dream, "--n", n, "--n-topk", _cap(48, limit), "--out", f"{out}/dream_rules"),
+            "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",
+            ("dream_rules/table.md", "dream_rules/table.json"), ("dream_rules/*.jsonl",), always=True, after=after,
+            cost_min=20.0 * n / 128),
+        Job("caches_chain_512_4shot", "experiments.gsm8k",
+            ("--limit", n_caches, "--batch-size", 25, "--gen-length", 512, "--block-length", 32, "--num-fewshot", 4,
+             "--strategies", "caches", "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
+             "--out", f"{out}/caches_chain_512_4shot"),
+            "every approximate cache (prefix, dual, delayed, adaptive) under the threshold rule, llada-chain, "
+            "gen 512, 4-shot", tuple(f"caches_chain_512_4shot/{f}" for f in report),
+            ("caches_chain_512_4shot/*.jsonl",), always=True, after=("train_llada_chain",) if full else (),
+            cost_min=40.0 * n_caches / 200),
+    ]
+
+
 def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -> list[Job]:
     """Every job, training first; ``out``/``work`` are paths as the commands should show them."""
     ck = f"{out}/checkpoints" if full else "results/checkpoints"
@@ -219,6 +275,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                     "embedded BD3-LM by block size (table)", ("bd3lm_blocks/table.md", "bd3lm_blocks/table.json"),
                     always=True, after=tuple(f"bd3lm_blocks_{b}" for b in BD3_BLOCKS)))
 
+    jobs += dream_jobs(out, work, ck, limit, full)
     ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
     jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),
                     "perplexity ladder eval: NELBO PPL, MC ELBO cross-check, Var(NELBO) per schedule",
