@@ -219,10 +219,11 @@ def markdown(config: dict, summaries: dict) -> str:
     lines = [f"# KV-cache drift: {config['run']}", "",
              f"cache `{config['cache']}`, gen {config['gen']}, block {config['block']}, "
              f"{config['prompts']} prompt(s), model `{config['model']}`, git `{config['git_sha']}`", "",
-             "| refresh | full steps | mean KL | max KL | committed differ | first divergence | NFE | positions |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+             "| refresh | full steps | refreshes | mean KL | max KL | committed differ | first divergence | NFE | "
+             "positions |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, s in summaries.items():
-        lines.append(f"| {name} | {_num(s['full_step_fraction'], '.2f')} | {_num(s['kl_mean'], '.3e')} | "
+        lines.append(f"| {name} | {_num(s['full_step_fraction'], '.2f')} | {_num(s.get('refreshes', float('nan')), '.2f')} | "
+                     f"{_num(s['kl_mean'], '.3e')} | "
                      f"{_num(s['kl_max'], '.3e')} | {_num(s['commit_differ_rate'], '.3f')} | {s['first_divergence']} "
                      f"| {_num(s['nfe'], '.0f')} | {_num(s['positions'], '.0f')} |")
     lines += ["", "Per layer (mean over steps): K cos / K rel. error / V cos / V rel. error", "",
