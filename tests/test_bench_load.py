@@ -1,0 +1,33 @@
+"""experiments.bench_load on a tiny random shape: every strategy at every batch size, positive
+throughput and roofline numbers, the crossover read off the rows, files written."""
+
+import json
+
+import pytest
+
+from experiments import bench_load
+
+
+def test_tiny_shape_runs_and_reports(tmp_path):
+    res = bench_load.main(["--shape", "tiny", "--batches", "1", "2", "--gen-length", "16", "--block-length", "8",
+                           "--threads", "1", "--out", str(tmp_path)])
+    assert {(r["strategy"], r["batch"]) for r in res["rows"]} == {(s, b) for s in bench_load.STRATEGIES for b in (1, 2)}
+    for r in res["rows"]:
+        assert r["tokens_per_s"] > 0 and r["floor_s"] > 0 and r["roofline_tokens_per_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 16 / r["seconds"])
+    ar = {r["batch"]: r["tokens_per_s"] for r in res["rows"] if r["strategy"] == "ar"}
+    for name, cross in res["crossover"].items():
+        rows = {r["batch"]: r["tokens_per_s"] for r in res["rows"] if r["strategy"] == name}
+        first = next((b for b in sorted(rows) if rows[b] < ar[b]), None)
+        assert cross["tokens_per_s"] == first
+    saved = json.loads((tmp_path / "tiny_g16.json").read_text())
+    assert saved["machine"]["peak_flops"] > 0 and saved["machine"]["bandwidth"] > 0
+    assert (tmp_path / "tiny_g16.md").read_text().startswith("# Throughput under load")
+    assert (tmp_path / "tiny_g16.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv,word", [(["--batches", "0"], "batches"), (["--strategies", "baseline"], "ar"),
+                                       (["--gen-length", "20"], "gen-length")])
+def test_bad_flags(argv, word, tmp_path):
+    with pytest.raises(ValueError, match=word):
+        bench_load.main(["--shape", "tiny", "--out", str(tmp_path), *argv])
