@@ -12,7 +12,8 @@ In Python: ``import experiments.lm_eval_models`` and ``lm_eval.simple_evaluate(m
 generate_until: the prompts of a batch are left padded and decoded by one
 :class:`experiments.strategy.Strategy` (``fastdllm``: ``strategy=NAME`` from the grids
 ``table1`` / ``factorial``, or ``cache`` / ``threshold`` / ``factor`` / ``stop_at_eos`` for a
-custom one; ``bd3lm``: the exact block-causal cache with the model's block size,
+custom one; a Dream checkpoint gets Fast-dLLM's Dream rules unless ``rules=llada``,
+:mod:`fastdllm.dream`; ``bd3lm``: the exact block-causal cache with the model's block size,
 :meth:`Strategy.for_bd3`); the text is cut at the first EOS / EoT and then at the
 first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
 request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).

@@ -215,3 +215,24 @@ def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
     from lm_eval.api.registry import get_model
 
     assert get_model("fastdllm") is lem.FastDLLMEvalLM and get_model("bd3lm") is lem.BD3LMEvalLM
+
+
+def test_dream_checkpoint_decodes_with_the_dream_rules_unless_told(tmp_path):
+    """lm-eval's fastdllm model on a Dream-layout checkpoint: Fast-dLLM's Dream rules by default
+    (the strategy's family), the LLaDA rules with ``rules=llada``; the outputs are those runs'."""
+    from dlm import load_model
+    from dlm.tasks.tokenizer import build_tokenizer
+    from tiny import tokenizer_model
+
+    tok = build_tokenizer()
+    path = save_model(tokenizer_model(tok, shift_logits=True, qkv_bias=True), tok, tmp_path / "dream", layout="dream")
+    for rules, family in (("auto", "dream"), ("llada", "llada")):
+        lm = lem.FastDLLMEvalLM(pretrained=str(path), cache="dual", threshold=0.9, gen_length=16, block_length=8,
+                                dtype="float64", rules=rules)
+        assert lm.strategy.family(lm.model) == family
+        out = lm.generate_until([request("generate_until", "Question: Ann has 3 pens.\nAnswer:", {"until": []})])
+        model, _ = load_model(path, dtype=torch.float64)
+        ids = torch.tensor([tok.encode("Question: Ann has 3 pens.\nAnswer:")])
+        seq = lm.strategy.run(model, ids).sequences[0, ids.shape[1]:].tolist()
+        eos = seq.index(tok.eos_token_id) if tok.eos_token_id in seq else len(seq)
+        assert out[0] == tok.decode(seq[:eos])
