@@ -134,6 +134,8 @@ def training_jobs(out: str, work: str) -> list[Job]:
 
 
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
+FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
+            "sw_adaptive_nb_tol0p005", "sw_adaptive_nb_tol0p05", "sw_delayed_re4", "sw_delayed_re8")
 DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
                     "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
@@ -186,6 +188,13 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             "gen 512, 4-shot", tuple(f"caches_chain_512_4shot/{f}" for f in report),
             ("caches_chain_512_4shot/*.jsonl",), always=True, after=("train_llada_chain",) if full else (),
             cost_min=40.0 * n_caches / 200),
+        Job("caches_chain_512_4shot_sweep", "experiments.gsm8k",
+            ("--limit", n_caches, "--batch-size", 25, "--gen-length", 512, "--block-length", 32, "--num-fewshot", 4,
+             "--strategies", *FRONTIER, "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
+             "--out", f"{out}/caches_chain_512_4shot"),
+            "the frontier's other points: dual at thresholds 0.7-0.95 and factor 2, the adaptive cache without "
+            "block-start refreshes at three tolerances, the delayed cache refreshed every 4 / 8 steps",
+            (), always=True, after=("caches_chain_512_4shot",), cost_min=40.0 * n_caches / 200),
     ]
 
 

@@ -269,7 +269,8 @@ def caches(gen_length: int = 256, block_length: int = 32, steps: Optional[int] =
 
 
 SWEEP = {"threshold": (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), "factor": (0.5, 1.0, 2.0, 4.0),
-         "block_length": (8, 16, 32, 64, 128), "tolerance": (0.005, 0.01, 0.02, 0.05, 0.1)}
+         "block_length": (8, 16, 32, 64, 128), "tolerance": (0.005, 0.01, 0.02, 0.05, 0.1),
+         "refresh_every": (2, 4, 8)}
 SWEEP_CACHES = {"prefix": {}, "dual": {}, "delayed": {}, "adaptive": {"tolerance": 0.02},
                 "adaptive_nb": {"tolerance": 0.02, "every_block": False}}
 
@@ -282,8 +283,9 @@ def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = 
           factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
     """Accuracy-vs-throughput curves: per cache policy (``SWEEP_CACHES``) the threshold rule over
     ``SWEEP["threshold"]``, the factor rule over ``SWEEP["factor"]``, the block length over
-    ``SWEEP["block_length"]`` (threshold ``threshold``), and the adaptive caches' tolerance over
-    ``SWEEP["tolerance"]``; cells ``sw_<cache>_thr<t>`` / ``_f<f>`` / ``_b<L>`` / ``_tol<x>`` (numbers
+    ``SWEEP["block_length"]`` (threshold ``threshold``), the adaptive caches' tolerance over
+    ``SWEEP["tolerance"]`` and the others' extra refresh every ``SWEEP["refresh_every"]`` steps;
+    cells ``sw_<cache>_thr<t>`` / ``_f<f>`` / ``_b<L>`` / ``_tol<x>`` / ``_re<k>`` (numbers
     with ``p`` for the point: ``sw_dual_thr0p9``).
     The block lengths that do not divide ``gen_length`` are left out."""
     cells = []
@@ -297,6 +299,8 @@ def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = 
                   if gen_length % L == 0 and L != block_length and (steps is None or steps % (gen_length // L) == 0)]
         if cache.startswith("adaptive"):
             cells += [replace(base, name=f"{base.name}_tol{_tag(x)}", tolerance=x) for x in SWEEP["tolerance"]]
+        else:
+            cells += [replace(base, name=f"{base.name}_re{k}", refresh_every=k) for k in SWEEP["refresh_every"]]
     return tuple(cells)
 
 
