@@ -186,7 +186,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--out", f"{out}/caches_chain_512_4shot"),
             "every approximate cache (prefix, dual, delayed, adaptive) under the threshold rule, llada-chain, "
             "gen 512, 4-shot", tuple(f"caches_chain_512_4shot/{f}" for f in report),
-            ("caches_chain_512_4shot/*.jsonl",), always=True, after=("train_llada_chain",) if full else (),
+            ("caches_chain_512_4shot/cache_*.jsonl",), always=True, after=("train_llada_chain",) if full else (),
             cost_min=40.0 * n_caches / 200),
         Job("caches_chain_512_4shot_sweep", "experiments.gsm8k",
             ("--limit", n_caches, "--batch-size", 25, "--gen-length", 512, "--block-length", 32, "--num-fewshot", 4,
@@ -194,7 +194,8 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--out", f"{out}/caches_chain_512_4shot"),
             "the frontier's other points: dual at thresholds 0.7-0.95 and factor 2, the adaptive cache without "
             "block-start refreshes at three tolerances, the delayed cache refreshed every 4 / 8 steps",
-            (), always=True, after=("caches_chain_512_4shot",), cost_min=40.0 * n_caches / 200),
+            (), ("caches_chain_512_4shot/sw_*.jsonl",), always=True, after=("caches_chain_512_4shot",),
+            cost_min=40.0 * n_caches / 200),
     ]
 
 
