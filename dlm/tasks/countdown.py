@@ -1,0 +1,97 @@
+"""Countdown: combine the given numbers with + - * / into the target (Dream's Countdown
+evaluation; test sets with 3, 4, 5 numbers in ``../shared/data/reasoning/countdown``).
+
+Text: the prompt ``"Countdown: 15,44,79,50"`` (the numbers, then the target), the answer a chain of
+equations ``"44-15=29,79-29=50"``, each using two available numbers (given or earlier results).
+:func:`check` evaluates the chain: every equation true, each given number used exactly once,
+intermediate results used once, the last result the target.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+
+from .pairs import Pair
+
+OPS = "+-*/"
+EQ = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
+
+
+def _apply(a: int, op: str, b: int):
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return Fraction(a, b) if b else None
+
+
+def solve_chain(rng: random.Random, k: int, max_value: int = 99) -> tuple[list[int], list[str], int]:
+    """``k`` numbers and a random left-to-right chain of positive-integer steps over all of them."""
+    while True:
+        nums = [rng.randint(1, max_value) for _ in range(k)]
+        order = rng.sample(nums, k)
+        acc, steps = order[0], []
+        for b in order[1:]:
+            op = rng.choice(OPS)
+            x, y = (acc, b) if rng.random() < 0.5 or op in "-/" else (b, acc)
+            if op == "-" and x < y:
+                x, y = y, x
+            r = _apply(x, op, y)
+            if r is None or r != int(r) or r <= 0 or r > 999:
+                break
+            steps.append(f"{x}{op}{y}={int(r)}")
+            acc = int(r)
+        else:
+            return nums, steps, acc
+
+
+def generate(n: int, seed: int = 0, split: str = "train", numbers: tuple[int, ...] = (3, 4)) -> list[Pair]:
+    """``n`` puzzles, each with a count of numbers from ``numbers``; ``split`` salts the seed."""
+    rng = random.Random(f"countdown:{split}:{seed}")
+    out = []
+    for i in range(n):
+        nums, steps, target = solve_chain(rng, rng.choice(numbers))
+        inp = ",".join(map(str, nums + [target]))
+        out.append(Pair(f"countdown-{split}-{seed}-{i}", f"Countdown: {inp}", ",".join(steps), (inp,)))
+    return out
+
+
+def load(path) -> list[Pair]:
+    """A shared test set: jsonl ``{"input": "15,44,79,50", "output": "44-15=29,79-29=50"}``."""
+    path = Path(path)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Pair(f"{path.stem}-{i}", f"Countdown: {d['input']}", d["output"], (d["input"],)) for i, d in enumerate(rows)]
+
+
+def check(pair: Pair, output: str) -> bool:
+    """Evaluate the chain of equations in ``output`` against the puzzle."""
+    *given, target = [int(x) for x in pair.meta[0].split(",")]
+    pool = list(given)
+    eqs = [e for e in output.replace(" ", "").strip().split(",") if e]
+    if not eqs:
+        return False
+    result = None
+    for e in eqs:
+        m = EQ.match(e)
+        if not m:
+            return False
+        a, op, b, r = int(m[1]), m[2], int(m[3]), int(m[4])
+        if _apply(a, op, b) != r:
+            return False
+        for v in (a, b):
+            if v not in pool:
+                return False
+            pool.remove(v)
+        pool.append(r)
+        result = r
+    return result == target and len(pool) == 1  # every given number used, the last result left
+
+
+def vocabulary() -> list[str]:
+    return ["Countdown"]

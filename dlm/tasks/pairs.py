@@ -1,0 +1,50 @@
+"""Prompt / answer pairs of the any-order tasks (:mod:`dlm.tasks.sudoku`, :mod:`dlm.tasks.countdown`,
+:mod:`dlm.tasks.reversal`) and their SFT batches.
+
+A task module exposes ``generate(n, seed, split)`` (procedural training / held-out pairs),
+``load(path)`` (the shared test sets where they exist), ``check(pair, output) -> bool`` (the
+answer verified, not string-matched) and ``vocabulary()`` (the words of its tokenizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sft_data import pad_rows
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One example: ``id`` (stable across runs), ``prompt`` and reference ``answer`` texts, and
+    ``meta`` (what the checker needs, e.g. the puzzle's clues)."""
+
+    id: str
+    prompt: str
+    answer: str
+    meta: tuple = ()
+
+
+class PairBatches:
+    """``batch_fn(step, generator) -> {"input_ids", "prompt_lengths"}`` for ``dlm.train``: each
+    batch is ``sample(n, seed)`` pairs, the answer EOS-padded to ``response_len`` columns (LLaDA's
+    SFT layout), so AR and diffusion objectives see the same rows."""
+
+    def __init__(self, tokenizer, sample, batch_size: int, response_len: int) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("tokenizer has no eos_token_id")
+        for name, v in (("batch_size", batch_size), ("response_len", response_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.tok, self.sample, self.batch_size, self.response_len = tokenizer, sample, batch_size, response_len
+
+    def __call__(self, step: int, generator: torch.Generator) -> dict:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        pairs = self.sample(self.batch_size, seed)
+        prompts = [self.tok.encode(p.prompt, add_special_tokens=False) for p in pairs]
+        answers = [self.tok.encode(" " + p.answer, add_special_tokens=False) for p in pairs]
+        too_long = [p.id for p, a in zip(pairs, answers) if len(a) + 1 > self.response_len]
+        if too_long:
+            raise ValueError(f"answers longer than response_len={self.response_len}: {too_long[:3]}")
+        return pad_rows(prompts, answers, self.response_len, self.tok.eos_token_id)

@@ -1,0 +1,85 @@
+"""The reversal task (LLaDA's poem test at embedded scale): complete the line *after* a given
+line, or the line *before* it, of short poems the model memorised in training.
+
+A fixed corpus of ``n_poems`` poems (``lines`` lines of ``words`` words from a small word list) is
+drawn from ``corpus_seed``. Training text: every poem recited in full (``"Recite poem 7:"`` ->
+its lines, forward order), plus forward and reverse questions about the poems of the *drill*
+half (``"After: w w w w"`` -> the next line, ``"Before: w w w w"`` -> the previous one), which
+teach the two question formats. The test asks both questions about the lines of the other half,
+seen only as forward recitations: a left-to-right model has the forward relation, a masked
+diffusion model is trained on every conditional. :func:`check` compares the first line of the
+output with the reference line.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .pairs import Pair
+
+WORDS = tuple(f"{c}{v}" for c in "bdfgklmnprstvz" for v in "aeiou")[:64]
+
+
+def corpus(n_poems: int = 200, lines: int = 4, words: int = 4, corpus_seed: int = 0) -> list[list[str]]:
+    """The poems: lists of ``lines`` distinct lines of ``words`` words each (all lines distinct)."""
+    rng = random.Random(f"reversal-corpus:{corpus_seed}")
+    seen, poems = set(), []
+    while len(poems) < n_poems:
+        poem = []
+        while len(poem) < lines:
+            line = " ".join(rng.choice(WORDS) for _ in range(words))
+            if line not in seen:
+                seen.add(line)
+                poem.append(line)
+        poems.append(poem)
+    return poems
+
+
+def _questions(poems, idx, direction: str) -> list[Pair]:
+    out = []
+    for p in idx:
+        lines = poems[p]
+        pairs = zip(lines, lines[1:]) if direction == "after" else zip(lines[1:], lines)
+        for j, (given, answer) in enumerate(pairs):
+            out.append(Pair(f"reversal-{direction}-{p}-{j}", f"{direction.capitalize()}: {given}", answer))
+    return out
+
+
+def split(poems) -> tuple[list[int], list[int]]:
+    """(drill, test) poem indices: even / odd."""
+    return list(range(0, len(poems), 2)), list(range(1, len(poems), 2))
+
+
+def training_pairs(poems) -> list[Pair]:
+    """Every poem recited, and both questions about the drill poems."""
+    drill, _ = split(poems)
+    recite = [Pair(f"reversal-recite-{p}", f"Recite poem {p}:", "\n".join(lines)) for p, lines in enumerate(poems)]
+    return recite + _questions(poems, drill, "after") + _questions(poems, drill, "before")
+
+
+def test_pairs(poems, direction: str) -> list[Pair]:
+    """The ``"after"`` (forward) or ``"before"`` (reverse) questions about the test poems."""
+    if direction not in ("after", "before"):
+        raise ValueError(f"direction must be 'after' or 'before', got {direction!r}")
+    return _questions(poems, split(poems)[1], direction)
+
+
+def sampler(poems):
+    """``sample(n, seed)`` over the training pairs, recitations as often as questions."""
+    train = training_pairs(poems)
+    recite = [p for p in train if p.id.startswith("reversal-recite")]
+    drill = [p for p in train if not p.id.startswith("reversal-recite")]
+
+    def sample(n: int, seed: int) -> list[Pair]:
+        rng = random.Random(seed)
+        return [rng.choice(recite if rng.random() < 0.5 else drill) for _ in range(n)]
+
+    return sample
+
+
+def check(pair: Pair, output: str) -> bool:
+    return output.strip().split("\n")[0].strip() == pair.answer
+
+
+def vocabulary() -> list[str]:
+    return [*WORDS, "Recite", "poem", "After", "Before"]
