@@ -1,0 +1,107 @@
+"""The any-order tasks: generators produce solvable puzzles their checkers accept, the checkers
+reject what a brute-force reading rejects, the shared test sets load, and the harness runs."""
+
+import random
+
+import pytest
+import torch
+
+from dlm.tasks import countdown, reversal, sudoku
+from dlm.tasks.pairs import Pair, PairBatches
+from dlm.tokenizer import build_word_tokenizer
+from experiments import anyorder
+
+
+def test_sudoku_generator_and_checker():
+    pairs = sudoku.generate(200, seed=1, split="test")
+    assert len({p.id for p in pairs}) == 200 and all(sudoku.check(p, p.answer) for p in pairs)
+    assert sudoku.generate(3, 1, "test") == pairs[:3] and sudoku.generate(3, 1, "train") != pairs[:3]
+    p = pairs[0]
+    grid = [int(c) for c in p.answer if c.isdigit()]
+    swapped = grid[:]
+    swapped[0], swapped[1] = swapped[1], swapped[0]  # rows stay permutations, columns break
+    assert not sudoku.check(p, "".join(map(str, swapped)))
+    # another valid grid that contradicts a clue is rejected; a grid equal to the solution passes
+    clue = next(j for j, ch in enumerate(p.meta[0]) if ch != "0")
+    other = next(g for g in (sudoku.solved_grid(random.Random(s)) for s in range(100))
+                 if sum(g, [])[clue] != grid[clue])
+    assert not sudoku.check(p, "".join(str(v) for v in sum(other, [])))
+    assert not sudoku.check(p, "1234")  # too short
+
+
+def test_sudoku_brute_force_validity():
+    """check() accepts exactly the grids a direct row / column / box test accepts (no clues)."""
+    rng = random.Random(0)
+    free = Pair("x", "", "", ("0" * 16,))
+    for _ in range(300):
+        g = [rng.randint(1, 4) for _ in range(16)] if rng.random() < 0.5 else sum(sudoku.solved_grid(rng), [])
+        rows = [g[r * 4:r * 4 + 4] for r in range(4)]
+        ok = all(sorted(r) == [1, 2, 3, 4] for r in rows) and all(sorted(c) == [1, 2, 3, 4] for c in zip(*rows)) \
+            and all(sorted(rows[r][c] for r in (br, br + 1) for c in (bc, bc + 1)) == [1, 2, 3, 4]
+                    for br in (0, 2) for bc in (0, 2))
+        assert sudoku.check(free, "".join(map(str, g))) == ok
+
+
+def test_countdown_generator_and_checker():
+    pairs = countdown.generate(300, seed=2, numbers=(3, 4))
+    assert all(countdown.check(p, p.answer) for p in pairs)
+    p = Pair("t", "Countdown: 15,44,79,50", "", ("15,44,79,50",))
+    assert countdown.check(p, "44-15=29,79-29=50")
+    assert not countdown.check(p, "44-15=29,79-29=51")  # wrong target
+    assert not countdown.check(p, "44-15=28,79-28=51")  # false equation
+    assert not countdown.check(p, "44-15=29,79-15=64")  # 15 used twice
+    assert not countdown.check(p, "79-29=50")  # 29 not available
+    assert not countdown.check(p, "44+15=59,59+79=138,138-88=50")  # 88 not available
+    assert not countdown.check(p, "")
+
+
+def test_reversal_corpus_split_and_checker():
+    poems = reversal.corpus(n_poems=20)
+    lines = [ln for poem in poems for ln in poem]
+    assert len(set(lines)) == len(lines) == 80
+    train = reversal.training_pairs(poems)
+    drill, test = reversal.split(poems)
+    assert not set(drill) & set(test)
+    test_lines = {ln for p in test for ln in poems[p]}
+    questions = [t for t in train if not t.id.startswith("reversal-recite")]
+    assert questions and all(q.answer not in test_lines for q in questions)  # test lines only recited
+    before = reversal.test_pairs(poems, "before")
+    assert len(before) == 30 and all(poems[int(b.id.split("-")[2])].index(b.answer) ==
+                                     poems[int(b.id.split("-")[2])].index(b.prompt.split(": ")[1]) - 1 for b in before)
+    assert reversal.check(before[0], before[0].answer + "\nmore") and not reversal.check(before[0], "zz zz")
+    with pytest.raises(ValueError, match="direction"):
+        reversal.test_pairs(poems, "sideways")
+
+
+def test_shared_test_sets_load_and_solve():
+    s = anyorder.test_set("sudoku", 50)
+    c = anyorder.test_set("countdown", 50)
+    assert len(s) == len(c) == 50
+    assert all(sudoku.check(p, p.answer) for p in s) and all(countdown.check(p, p.answer) for p in c)
+
+
+def test_pair_batches_layout():
+    tok = build_word_tokenizer(sudoku.vocabulary())
+    data = PairBatches(tok, sudoku.generate, 4, 24)
+    b = data(0, torch.Generator().manual_seed(0))
+    ids, starts = b["input_ids"], b["prompt_lengths"]
+    assert ids.shape[0] == 4 and (ids[:, -1] == tok.eos_token_id).all()
+    again = data(0, torch.Generator().manual_seed(0))
+    assert torch.equal(again["input_ids"], ids)
+    with pytest.raises(ValueError, match="response_len"):
+        PairBatches(tok, sudoku.generate, 4, 8)(0, torch.Generator())
+
+
+def test_harness_runs_and_reports(tmp_path):
+    from experiments.train_anyorder import main as train
+
+    for obj in ("ar", "diffusion"):
+        train(["--task", "countdown", "--objective", obj, "--out", str(tmp_path / obj), "--steps", "2", "--warmup", "1",
+               "--batch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--threads", "1"])
+    anyorder.main(["--task", "countdown", "--ar", str(tmp_path / "ar" / "model"),
+                   "--mdm", str(tmp_path / "diffusion" / "model"), "--n", "4", "--out", str(tmp_path / "res")])
+    table = (tmp_path / "res" / "table.md").read_text()
+    for row in ("| countdown | ar | 4 |", "| countdown | pure | 4 |", "| countdown | semiar | 4 |"):
+        assert row in table
+    with pytest.raises(ValueError, match="required"):
+        anyorder.main(["--task", "sudoku"])
