@@ -43,7 +43,7 @@ from dlm.cache import KVCache
 from dlm.commit import suppress_logits
 from dlm.sampling import check_blocks
 from fastdllm.dream import RULE_SETS, resolve_rules
-from experiments.common import REPO, atomic_write_text, config_hash, git_sha
+from experiments.common import REPO, arith_config_of, atomic_write_text, config_hash, git_sha
 
 
 def parse_refresh(text: str, cache: str = "dual") -> dict:
@@ -270,13 +270,15 @@ def tiny_random_model(n_layers: int = 4, seed: int = 0):
     return model.eval()
 
 
-def prompts_for(model, tok, n: int, length: int, seed: int) -> list[Tensor]:
-    """Arithmetic questions through the tokenizer, else random non-special ids; (1, P) each."""
+def prompts_for(model, tok, n: int, length: int, seed: int, arith=None) -> list[Tensor]:
+    """Arithmetic questions (of ``arith``, the checkpoint's task) through the tokenizer, else
+    random non-special ids; (1, P) each."""
     if tok is not None:
         from experiments.generate import encode
-        from dlm.tasks.arith import generate_problems
+        from dlm.tasks.arith import ArithConfig, generate_problems
 
-        return [encode(model, tok, p.question)[1] for p in generate_problems(n=n, split="test", seed=seed)]
+        problems = generate_problems(arith or ArithConfig(), n=n, split="test", seed=seed)
+        return [encode(model, tok, p.question)[1] for p in problems]
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(4, model.config.mask_token_id, (1, length), generator=g) for _ in range(n)]
 
@@ -313,7 +315,8 @@ def main(argv=None) -> dict:
 
         (model, tok), model_name = load_model(args.model, dtype=args.dtype, device=args.device), Path(args.model).name
     device = next(model.parameters()).device
-    prompts = [x.to(device) for x in prompts_for(model, tok, args.prompts, args.prompt_len, args.seed)]
+    arith = None if args.model is None else arith_config_of(args.model)
+    prompts = [x.to(device) for x in prompts_for(model, tok, args.prompts, args.prompt_len, args.seed, arith)]
     run = args.run or f"{model_name}_{args.cache}_g{args.gen}_b{args.block}"
     fields = {k: v for k, v in asdict(cfg).items() if (k, v) != ("rules", "auto")}  # hashes of older runs kept
     config = {**fields, "run": run, "model": args.model or model_name, "prompts": args.prompts,

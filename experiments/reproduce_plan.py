@@ -318,15 +318,15 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                         (f"drift/{run}.json", f"drift/{run}.md", f"drift/{run}/k_cos_by_layer.png",
                          f"drift/{run}/kl_by_step.png"), after=after_llada, cost_min=1.0))
 
-    run = "llada-arith_policies_g128_b32"
+    run = "llada-chain_policies_g128_b32"
     jobs.append(Job("drift_policies", "experiments.drift",
-                    ("--model", llada, "--prompts", 4, "--gen", 128, "--block", 32, "--cache", "dual",
+                    ("--model", f"{ck}/llada-chain", "--prompts", 4, "--gen", 128, "--block", 32, "--cache", "dual",
                      "--refresh", "block", "every:4", "delayed", "adaptive:0.02", "adaptive-nb:0.02", "adaptive-nb:0.005",
                      "adaptive-nb:0.001", "--run", run, "--out-dir", f"{out}/drift"),
                     "every approximate cache's drift vs exact recomputation, with its refresh count (dual per block / "
-                    "every 4 steps, delayed, adaptive)",
+                    "every 4 steps, delayed, adaptive), llada-chain (answers span two blocks)",
                     (f"drift/{run}.json", f"drift/{run}.md", f"drift/{run}/k_cos_by_layer.png",
-                     f"drift/{run}/kl_by_step.png"), after=after_llada, cost_min=1.5))
+                     f"drift/{run}/kl_by_step.png"), after=("train_llada_chain",) if full else (), cost_min=1.5))
 
     traces = [  # (name, strategy args, model)
         ("baseline_pure_g64", ("--strategy", "baseline", "--block-length", 64), llada),
