@@ -135,7 +135,8 @@ def training_jobs(out: str, work: str) -> list[Job]:
 
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
 FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
-            "sw_adaptive_nb_tol0p005", "sw_adaptive_nb_tol0p05", "sw_delayed_re4", "sw_delayed_re8")
+            "sw_adaptive_nb_tol0p02", "sw_adaptive_nb_tol0p05", "sw_adaptive_nb_tol0p2", "sw_delayed_re4",
+            "sw_delayed_re8")
 DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
                     "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
@@ -321,8 +322,8 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     run = "llada-chain_policies_g128_b32"
     jobs.append(Job("drift_policies", "experiments.drift",
                     ("--model", f"{ck}/llada-chain", "--prompts", 4, "--gen", 128, "--block", 32, "--cache", "dual",
-                     "--refresh", "block", "every:4", "delayed", "adaptive:0.02", "adaptive-nb:0.02", "adaptive-nb:0.005",
-                     "adaptive-nb:0.001", "--run", run, "--out-dir", f"{out}/drift"),
+                     "--refresh", "block", "every:4", "delayed", "adaptive:0.1", "adaptive-nb:0.1", "adaptive-nb:0.05",
+                     "adaptive-nb:0.02", "--run", run, "--out-dir", f"{out}/drift"),
                     "every approximate cache's drift vs exact recomputation, with its refresh count (dual per block / "
                     "every 4 steps, delayed, adaptive), llada-chain (answers span two blocks)",
                     (f"drift/{run}.json", f"drift/{run}.md", f"drift/{run}/k_cos_by_layer.png",

@@ -7,9 +7,11 @@ Between refreshes every step is Fast-dLLM's dual-cache step: the block's window 
 column is read from the cache. After each step a cheap per-row drift test compares the keys of
 one probe layer with those the cache held right after that row's last refresh,
 
-    drift_t = mean_{h, j in answer} (1 - cos(K^l_t[h, j], K^l_ref[h, j])),
+    drift_t = 1 / L * sum_{j in answer[:hi]} mean_h (1 - cos(K^l_t[h, j], K^l_ref[h, j])),
 
-the change of the answer's keys that the cached columns have not seen; when ``drift >= tolerance``
+the change of the answer's keys that the cached columns have not seen, in units of a block of
+``L`` columns changing completely (so the knob means the same at every generation length); when
+``drift >= tolerance``
 the row's next step is a full refresh (all columns recomputed and rewritten). ``tolerance = 0``
 refreshes every step (uncached recomputation, token for token); ``inf`` never (with
 ``every_block``: Fast-dLLM's dual cache, token for token). ``every_block=False`` drops the dual
@@ -40,7 +42,7 @@ from dlm.sample import Run
 class AdaptiveCache:
     """Cache policy "adaptive": the dual cache, refreshed per row when its drift test fires."""
 
-    tolerance: float = 0.02
+    tolerance: float = 0.1
     probe_layer: int = -1
     every_block: bool = True
     at_block: bool = False  # shifted logits: windows start at the block (Fast-dLLM's Dream rules)
@@ -48,7 +50,7 @@ class AdaptiveCache:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.tolerance, (int, float)) and self.tolerance == math.inf):
-            check_real("tolerance", self.tolerance, 0.0, 2.0, low_open=False)
+            check_real("tolerance", self.tolerance, 0.0, low_open=False)
         if isinstance(self.probe_layer, bool) or not isinstance(self.probe_layer, int):
             raise TypeError(f"probe_layer must be an int, got {type(self.probe_layer).__name__}")
         if not isinstance(self.every_block, bool):
@@ -90,10 +92,10 @@ class AdaptiveCache:
         finally:
             cache.keep = None
         layer = self.probe_layer % run.model.config.n_layers
-        keys = cache.k[layer, :, :, run.prompt_len:T]  # (B, H, G, D)
-        ref = run.state.setdefault("ref", keys.clone())
-        ref[due] = keys[due]  # a refreshed row's reference is its fresh keys
-        cos = torch.nn.functional.cosine_similarity(keys.double(), ref.double(), dim=-1)  # (B, H, G)
-        drift = (1 - cos.clamp(-1, 1)).mean(dim=(1, 2))  # (B,); 0 for refreshed rows
+        keys = cache.k[layer, :, :, run.prompt_len:hi]  # (B, H, hi - P, D): the answer so far
+        ref = run.state.setdefault("ref", cache.k[layer, :, :, run.prompt_len:T].clone())[:, :, :hi - run.prompt_len]
+        ref[due] = keys[due]  # a refreshed row's reference is its fresh keys (a view: updates the state)
+        cos = torch.nn.functional.cosine_similarity(keys, ref, dim=-1)  # (B, H, hi - P)
+        drift = (1 - cos.clamp(-1, 1)).mean(dim=1).sum(-1) / (hi - lo)  # (B,) in blocks' worth of change
         run.state["due"] = torch.where(active, drift >= self.tolerance, run.state["due"])
         return logits

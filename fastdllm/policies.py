@@ -116,7 +116,7 @@ def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_b
                  delay: Optional[int] = None, tolerance: Optional[float] = None, every_block: bool = True):
     """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`);
     ``at_block``: cached windows start at the block (Fast-dLLM's Dream rules); ``delay``: of
-    ``"delayed"`` (default 1); ``tolerance``, ``every_block``: of ``"adaptive"`` (default 0.02)."""
+    ``"delayed"`` (default 1); ``tolerance``, ``every_block``: of ``"adaptive"`` (default 0.1)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
     for knob, owner, given in (("delay", "delayed", delay is not None), ("tolerance", "adaptive", tolerance is not None),
@@ -134,7 +134,7 @@ def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_b
     if cache == "adaptive":
         if refresh_every is not None:
             raise ValueError("cache='adaptive' refreshes on drift (tolerance), not refresh_every")
-        return AdaptiveCache(0.02 if tolerance is None else tolerance, every_block=every_block, at_block=at_block)
+        return AdaptiveCache(0.1 if tolerance is None else tolerance, every_block=every_block, at_block=at_block)
     return (PrefixCache if cache == "prefix" else DualCache)(refresh_every, at_block)
 
 

@@ -93,7 +93,7 @@ def test_batch_equals_runs_of_one(shift):
     (lambda: DelayedCache(1, refresh_every=0), ValueError, "refresh_every"),
     (lambda: AdaptiveCache(-0.1), ValueError, "tolerance"),
     (lambda: AdaptiveCache(float("nan")), ValueError, "tolerance"),
-    (lambda: AdaptiveCache(2.5), ValueError, "tolerance"),
+    (lambda: AdaptiveCache(float("-inf")), ValueError, "tolerance"),
     (lambda: AdaptiveCache("0.1"), TypeError, "tolerance"),
     (lambda: AdaptiveCache(0.1, probe_layer=1.0), TypeError, "probe_layer"),
     (lambda: AdaptiveCache(0.1, every_block=1), TypeError, "every_block"),
