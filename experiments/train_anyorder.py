@@ -23,13 +23,13 @@ import time
 import torch
 
 from dlm.checkpoints import save_model
-from dlm.model import ModelConfig, Transformer
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.pairs import PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import set_threads
+from experiments.train_llada import build_model
 
 TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal}
 RESPONSE_LEN = {"sudoku": 24, "countdown": 40, "reversal": 32}
@@ -45,16 +45,6 @@ def task_sampler(task: str):
 
 def task_tokenizer(task: str):
     return build_word_tokenizer(TASKS[task].vocabulary())
-
-
-def build_model(tok, d_model: int, n_layers: int, n_heads: int, seed: int) -> Transformer:
-    cfg = ModelConfig(vocab_size=len(tok), d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
-                      mlp_hidden=(8 * d_model // 3 + 63) // 64 * 64, max_seq_len=256, rope_theta=10000.0,
-                      tie_embeddings=True, mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    model = Transformer(cfg)
-    model.reset_parameters(std=0.02, generator=torch.Generator().manual_seed(seed))
-    return model
 
 
 def main(argv=None) -> None:
@@ -80,7 +70,7 @@ def main(argv=None) -> None:
     recipe = flag_recipe({**vars(args), "out": os.path.normpath(args.out)}, RESUMABLE_FLAGS + ("threads",))
     check_resume(cfg, recipe)
     tok = task_tokenizer(args.task)
-    model = build_model(tok, args.d_model, args.n_layers, args.n_heads, args.seed)
+    model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed)
     data = PairBatches(tok, task_sampler(args.task), args.batch_size, RESPONSE_LEN[args.task])
     objective = ARSFTLoss() if args.objective == "ar" else LLaDASFTLoss(weighting="uniform")
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args)}

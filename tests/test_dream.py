@@ -92,6 +92,21 @@ class Net:
         return logits
 
 
+def ref_transfer(x, mask_index, x0, full_confidence, n, alg_temp):
+    """Both references' commit of ``n`` columns of ``x`` (a view, written in place): the top ``n``
+    confidences, or ``n`` drawn from ``softmax(confidence / alg_temp)`` without replacement."""
+    if n > 0:
+        if alg_temp is None or alg_temp == 0:
+            _, transfer_index = torch.topk(full_confidence, n)
+        else:
+            full_confidence = F.softmax(full_confidence / alg_temp, dim=-1)
+            transfer_index = torch.multinomial(full_confidence, num_samples=n)
+        x_ = torch.zeros_like(x, dtype=torch.long) + MASK
+        x_[mask_index] = x0.clone()
+        rows = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
+        x[rows, transfer_index] = x_[rows, transfer_index]
+
+
 def ref_diffusion_generate(model, input_ids, attention_mask, max_new_tokens, steps, alg, alg_temp=None,
                            eps=1e-3, temperature=0.0, top_p=None, top_k=None):
     net = Net(model, input_ids, attention_mask, max_new_tokens)
@@ -115,16 +130,7 @@ def ref_diffusion_generate(model, input_ids, attention_mask, max_new_tokens, ste
         n = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
         full_confidence = torch.full_like(x, -torch.inf, dtype=logits.dtype)
         full_confidence[mask_index] = confidence
-        if n > 0:
-            if alg_temp is None or alg_temp == 0:
-                _, transfer_index = torch.topk(full_confidence, n)
-            else:
-                full_confidence = F.softmax(full_confidence / alg_temp, dim=-1)
-                transfer_index = torch.multinomial(full_confidence, num_samples=n)
-            x_ = torch.zeros_like(x, dtype=torch.long) + MASK
-            x_[mask_index] = x0.clone()
-            rows = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
-            x[rows, transfer_index] = x_[rows, transfer_index]
+        ref_transfer(x, mask_index, x0, full_confidence, n, alg_temp)
     return x
 
 
@@ -177,16 +183,7 @@ def ref_fastdllm_dream(model, input_ids, attention_mask, gen_length, block_lengt
                 full_confidence = torch.full_like(x[:, lo:stop], -torch.inf, dtype=logits.dtype)
                 full_confidence[mask_index] = confidence
                 full_confidence[:, block_length:] = -torch.inf
-                if n > 0:
-                    if alg_temp is None or alg_temp == 0:
-                        _, transfer_index = torch.topk(full_confidence, n)
-                    else:
-                        full_confidence = F.softmax(full_confidence / alg_temp, dim=-1)
-                        transfer_index = torch.multinomial(full_confidence, num_samples=n)
-                    x_ = torch.zeros_like(x[:, lo:stop]) + MASK
-                    x_[mask_index] = x0.clone()
-                    rows = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
-                    x[:, lo:stop][rows, transfer_index] = x_[rows, transfer_index]
+                ref_transfer(x[:, lo:stop], mask_index, x0, full_confidence, n, alg_temp)
                 i += 1
             if (x[:, lo:hi] == MASK).sum() == 0:
                 break
