@@ -134,9 +134,8 @@ def training_jobs(out: str, work: str) -> list[Job]:
 
 
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
-FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
-            "sw_adaptive_nb_tol0p02", "sw_adaptive_nb_tol0p05", "sw_adaptive_nb_tol0p2", "sw_delayed_re4",
-            "sw_delayed_re8")
+FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_f2", "sw_adaptive_nb_thr0p8", "sw_adaptive_nb_tol0p02",
+            "sw_adaptive_nb_tol0p05", "sw_delayed_re4")
 DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
                     "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
@@ -154,7 +153,8 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--n-heads", 4, "--lr", 3e-3, "--warmup", 100, "--steps", 1500, *DREAM_TASK, "--response-lengths", 32,
              "--response-probs", 1.0, "--fewshot-prob", 0.2, "--eval-every", 100000, "--save-every", 250),
             "Dream-style model, stage 1: an autoregressive model (causal next-token SFT, Qwen2 layout)",
-            (f"{work}/dream-ar/model/config.json",), cost_min=25, training=True),
+            (f"{work}/dream-ar/model/config.json",), cost_min=25, training=True,
+            export=(f"{work}/dream-ar/model", f"{ck}/dream-ar")),
         Job("train_dream_p1", "experiments.train_llada",
             ("--init", f"{work}/dream-ar/model", "--out", f"{work}/dream-p1", "--objective", "diffusion",
              "--lr", 2e-3, "--warmup", 50, "--steps", 1800, "--short-steps", 1200, *DREAM_TASK, "--weighting", "uniform",
@@ -193,8 +193,8 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             ("--limit", n_caches, "--batch-size", 25, "--gen-length", 512, "--block-length", 32, "--num-fewshot", 4,
              "--strategies", *FRONTIER, "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
              "--out", f"{out}/caches_chain_512_4shot"),
-            "the frontier's other points: dual at thresholds 0.7-0.95 and factor 2, the adaptive cache without "
-            "block-start refreshes at three tolerances, the delayed cache refreshed every 4 / 8 steps",
+            "the frontier's other points: dual at thresholds 0.7 / 0.8 and factor 2, the adaptive cache without "
+            "block-start refreshes (threshold 0.8; tolerances 0.02, 0.05), the delayed cache refreshed every 4 steps",
             (), ("caches_chain_512_4shot/sw_*.jsonl",), always=True, after=("caches_chain_512_4shot",),
             cost_min=40.0 * n_caches / 200),
     ]
