@@ -206,6 +206,7 @@ QUESTIONS = (
     ("Beyond Fast-dLLM: delayed (dKV-Cache) and drift-refreshed caches on the same frontier", ("caches_",)),
     ("Dream's family: Dream's own sampler and Fast-dLLM's Dream rules vs its LLaDA rules", ("dream_",)),
     ("How far do the approximate caches drift from exact recomputation?", ("drift_",)),
+    ("Where does any-order generation win, and where does the bill arrive under load?", ("anyorder_", "bench_load")),
     ("In which order does each sampler commit tokens?", ("trace_",)),
 )
 

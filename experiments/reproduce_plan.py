@@ -200,6 +200,41 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     ]
 
 
+ANYORDER_TASKS = ("sudoku", "countdown", "reversal")
+
+
+def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
+    """AR vs masked diffusion on the any-order tasks (same size, rows and tokens), and throughput
+    under load with the roofline."""
+    jobs = []
+    for task in ANYORDER_TASKS:
+        for obj, kind in (("ar", "ar"), ("diffusion", "mdm")):
+            jobs.append(Job(f"train_anyorder_{task}_{kind}", "experiments.train_anyorder",
+                            ("--task", task, "--objective", obj, "--out", f"{work}/anyorder/{task}-{obj}",
+                             "--steps", 1500),
+                            f"any-order task model: {task}, {'autoregressive' if obj == 'ar' else 'masked diffusion'}",
+                            (f"checkpoints/anyorder-{task}-{kind}/config.json",), cost_min=10, training=True,
+                            export=(f"{work}/anyorder/{task}-{obj}/model", f"{ck}/anyorder-{task}-{kind}")))
+        names = ("reversal_after", "reversal_before") if task == "reversal" else (task,)
+        jobs.append(Job(f"anyorder_{task}", "experiments.anyorder",
+                        ("--task", task, "--ar", f"{ck}/anyorder-{task}-ar", "--mdm", f"{ck}/anyorder-{task}-mdm",
+                         "--n", _cap(300, limit), "--out", f"{out}/anyorder"),
+                        f"any-order samples: {task}, AR vs pure / semi-AR diffusion",
+                        samples=tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in ("ar", "pure", "semiar")),
+                        always=True, after=tuple(f"train_anyorder_{task}_{k}" for k in ("ar", "mdm")) if full else (),
+                        cost_min=3.0 * _cap(300, limit) / 300))
+    jobs.append(Job("anyorder_report", "experiments.anyorder", ("--report-only", "--out", f"{out}/anyorder"),
+                    "any-order table: AR vs diffusion accuracy with CIs and McNemar",
+                    ("anyorder/table.md", "anyorder/table.json"), always=True,
+                    after=tuple(f"anyorder_{t}" for t in ANYORDER_TASKS)))
+    jobs.append(Job("bench_load_embedded", "experiments.bench_load",
+                    ("--shape", "embedded", "--batches", 1, 8, 32, 64, "--out", f"{out}/bench_load"),
+                    "throughput under load: tokens/s and latency vs batch size, AR + KV cache vs the diffusion "
+                    "samplers, with the measured roofline and the crossover batch (timing: run it alone)",
+                    tuple(f"bench_load/embedded_g256.{e}" for e in ("md", "json", "png")), cost_min=10))
+    return jobs
+
+
 def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -> list[Job]:
     """Every job, training first; ``out``/``work`` are paths as the commands should show them."""
     ck = f"{out}/checkpoints" if full else "results/checkpoints"
@@ -287,6 +322,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                     always=True, after=tuple(f"bd3lm_blocks_{b}" for b in BD3_BLOCKS)))
 
     jobs += dream_jobs(out, work, ck, limit, full)
+    jobs += anyorder_jobs(out, work, ck, limit, full)
     ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
     jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),
                     "perplexity ladder eval: NELBO PPL, MC ELBO cross-check, Var(NELBO) per schedule",
