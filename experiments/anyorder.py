@@ -110,7 +110,7 @@ def report(out: Path) -> dict:
                 p_val, bc = mcnemar_exact(b, c), f"{b}/{c}"
             rows.append({"task": name, "row": r, "n": n, "accuracy": k / max(n, 1), "ci": [lo, hi],
                          "vs": vs, "mcnemar_p": p_val, "discordant": bc})
-            table.append([name, r, n, f"{100 * k / max(n, 1):.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
+            table.append([name, r, n, f"{100 * k / max(n, 1):.1f} [{100 * lo + 0.0:.1f}, {100 * hi:.1f}]",
                           vs if p_val is not None else "-", "-" if p_val is None else f"{p_val:.2g} ({bc})"])
     md = ["# Any-order tasks: AR vs masked diffusion, same size, same data, same tokens", "",
           "`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
