@@ -134,8 +134,8 @@ def training_jobs(out: str, work: str) -> list[Job]:
 
 
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
-FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_f2", "sw_adaptive_nb_thr0p8", "sw_adaptive_nb_tol0p02",
-            "sw_adaptive_nb_tol0p05", "sw_delayed_re4")
+FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
+            "sw_adaptive_nb_tol0p02", "sw_adaptive_nb_tol0p05", "sw_delayed_re4")
 DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
                     "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
@@ -193,7 +193,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             ("--limit", n_caches, "--batch-size", 25, "--gen-length", 512, "--block-length", 32, "--num-fewshot", 4,
              "--strategies", *FRONTIER, "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
              "--out", f"{out}/caches_chain_512_4shot"),
-            "the frontier's other points: dual at thresholds 0.7 / 0.8 and factor 2, the adaptive cache without "
+            "the frontier's other points: dual at thresholds 0.7 / 0.8 / 0.95 and factor 2, the adaptive cache without "
             "block-start refreshes (threshold 0.8; tolerances 0.02, 0.05), the delayed cache refreshed every 4 steps",
             (), ("caches_chain_512_4shot/sw_*.jsonl",), always=True, after=("caches_chain_512_4shot",),
             cost_min=40.0 * n_caches / 200),
