@@ -177,7 +177,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             tuple(f"gsm8k_dream_256/{f}" for f in report), ("gsm8k_dream_256/*.jsonl",), always=True, after=after,
             cost_min=40.0 * n / 128),
         Job("dream_rules", "research.dream_rules",
-            ("--model", dream, "--n", n, "--n-topk", _cap(48, limit), "--out", f"{out}/dream_rules"),
+            ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
             "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",
             ("dream_rules/table.md", "dream_rules/table.json"), ("dream_rules/*.jsonl",), always=True, after=after,
             cost_min=20.0 * n / 128),
