@@ -197,6 +197,15 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             "block-start refreshes (threshold 0.8; tolerances 0.02, 0.05), the delayed cache refreshed every 4 steps",
             (), ("caches_chain_512_4shot/sw_*.jsonl",), always=True, after=("caches_chain_512_4shot",),
             cost_min=40.0 * n_caches / 200),
+        Job("caches_chain_512_4shot_timing", "experiments.gsm8k",
+            ("--limit", _cap(50, limit), "--batch-size", 25, "--gen-length", 512, "--block-length", 32,
+             "--num-fewshot", 4, "--strategies", "cache_prefix_threshold", "cache_dual_threshold",
+             "cache_delayed_threshold", "cache_adaptive_nb_threshold", "sw_adaptive_nb_thr0p8",
+             "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
+             "--out", f"{out}/caches_chain_512_4shot_timing"),
+            "the frontier's speed-ups timed in one run on an otherwise idle machine (first 50 problems)",
+            tuple(f"caches_chain_512_4shot_timing/{f}" for f in report), ("caches_chain_512_4shot_timing/*.jsonl",),
+            always=True, after=("train_llada_chain",) if full else (), cost_min=6.0 * _cap(50, limit) / 50),
     ]
 
 
