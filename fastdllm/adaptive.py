@@ -9,7 +9,8 @@ one probe layer with those the cache held right after that row's last refresh,
 
     drift_t = 1 / L * sum_{j in answer[:hi]} mean_h (1 - cos(K^l_t[h, j], K^l_ref[h, j])),
 
-the change of the answer's keys that the cached columns have not seen, in units of a block of
+the change of the answer's keys that the cached columns have not seen (kept per column: only the
+window's columns change between refreshes, so a step costs one block of cosines), in units of a block of
 ``L`` columns changing completely (so the knob means the same at every generation length); when
 ``drift >= tolerance``
 the row's next step is a full refresh (all columns recomputed and rewritten). ``tolerance = 0``
@@ -91,11 +92,14 @@ class AdaptiveCache:
             logits = run.forward(start, stop, run.key_padding, head, commit=True, row_span=span)  # (B, L, V)
         finally:
             cache.keep = None
-        layer = self.probe_layer % run.model.config.n_layers
-        keys = cache.k[layer, :, :, run.prompt_len:hi]  # (B, H, hi - P, D): the answer so far
-        ref = run.state.setdefault("ref", cache.k[layer, :, :, run.prompt_len:T].clone())[:, :, :hi - run.prompt_len]
-        ref[due] = keys[due]  # a refreshed row's reference is its fresh keys (a view: updates the state)
-        cos = torch.nn.functional.cosine_similarity(keys, ref, dim=-1)  # (B, H, hi - P)
-        drift = (1 - cos.clamp(-1, 1)).mean(dim=1).sum(-1) / (hi - lo)  # (B,) in blocks' worth of change
+        P, layer = run.prompt_len, self.probe_layer % run.model.config.n_layers
+        keys = cache.k[layer, :, :, P:T]  # (B, H, G, D) the answer's keys as cached now
+        ref = run.state.setdefault("ref", keys.clone())  # as of each row's last refresh
+        col = run.state.setdefault("col_drift", torch.zeros(keys.shape[0], T - P, dtype=keys.dtype, device=x.device))
+        a = max(first, P) - P  # only the window's columns changed since the last step (the rest are pinned)
+        cos = torch.nn.functional.cosine_similarity(keys[:, :, a:hi - P], ref[:, :, a:hi - P], dim=-1)  # (B, H, W)
+        col[:, a:hi - P] = (1 - cos.clamp(-1, 1)).mean(dim=1)
+        ref[due], col[due] = keys[due], 0.0  # a refreshed row's reference is its fresh keys
+        drift = col[:, :hi - P].sum(-1) / (hi - lo)  # (B,) in blocks' worth of change
         run.state["due"] = torch.where(active, drift >= self.tolerance, run.state["due"])
         return logits
