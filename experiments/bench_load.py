@@ -79,12 +79,13 @@ def strategy(name: str, gen: int, block: int, random_weights: bool) -> Strategy:
 
 
 def floor_seconds(model, stats, batch: int, seq_len: int, hw: dict) -> float:
-    """Roofline floor of one call: max(FLOPs / peak, bytes / bandwidth)."""
+    """Roofline floor of one call: max(FLOPs / peak, bytes / bandwidth); the loop counts FLOPs
+    per row (``stats.extra['flops']``), so the batch's are ``batch`` times that."""
     cfg = model.config
     elem = next(model.parameters()).element_size()
     weights = sum(p.numel() for p in model.parameters()) * elem
     kv = stats.nfe * batch * seq_len * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
-    return max(stats.extra["flops"] / hw["peak_flops"], (stats.nfe * weights + kv) / hw["bandwidth"])
+    return max(batch * stats.extra["flops"] / hw["peak_flops"], (stats.nfe * weights + kv) / hw["bandwidth"])
 
 
 def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
@@ -144,7 +145,7 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
             floor = floor_seconds(model, out.stats, B, ids.shape[1] + gen, hw)
             rows.append({"strategy": name, "batch": B, "seconds": sec, "tokens_per_s": B * gen / sec,
                          "latency_s": sec, "nfe": out.stats.nfe, "flops": out.stats.extra["flops"],
-                         "floor_s": floor, "roofline_tokens_per_s": B * gen / floor, "measured_over_floor": floor / sec,
+                         "floor_s": floor, "roofline_tokens_per_s": B * gen / floor, "floor_over_measured": floor / sec,
                          "prompt_len": ids.shape[1]})
             print(json.dumps(rows[-1]), flush=True)
     return {"shape": shape, "gen_length": gen, "block_length": block, "device": str(device), "dtype": str(dtype),
@@ -166,7 +167,7 @@ def report(res: dict, out: Path) -> None:
     name = f"{res['shape']}_g{res['gen_length']}"
     hw = res["machine"]
     table = [[r["strategy"], r["batch"], f"{r['tokens_per_s']:.1f}", f"{r['latency_s']:.2f}",
-              f"{r['roofline_tokens_per_s']:.1f}", f"{r['measured_over_floor']:.2f}", r["nfe"]] for r in res["rows"]]
+              f"{r['roofline_tokens_per_s']:.1f}", f"{r['floor_over_measured']:.2f}", r["nfe"]] for r in res["rows"]]
     cross = [[k, v["tokens_per_s"] or "none measured", v["roofline_tokens_per_s"] or "none predicted"]
              for k, v in res["crossover"].items()]
     md = [f"# Throughput under load: {res['shape']} shape, gen {res['gen_length']}", "",
