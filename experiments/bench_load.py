@@ -173,7 +173,7 @@ def report(res: dict, out: Path) -> None:
     md = [f"# Throughput under load: {res['shape']} shape, gen {res['gen_length']}", "",
           f"{res['device']} {res['dtype']}; measured matmul peak {hw['peak_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
           f"{hw['bandwidth'] / 1e9:.1f} GB/s; git {res['git_sha']}. Roofline floor = max(FLOPs / peak, bytes / "
-          "bandwidth) per call; measured/floor = floor seconds / measured seconds (1 = at the roofline).", "",
+          "bandwidth) per call; floor / measured = floor seconds / measured seconds (1 = at the roofline).", "",
           *markdown_table(["strategy", "batch", "tokens/s", "latency s", "roofline tokens/s", "floor / measured", "NFE"],
                           table), "", "First batch size at which the strategy's tokens/s falls below AR + KV cache's:", "",
           *markdown_table(["strategy", "measured", "roofline"], cross)]
