@@ -200,7 +200,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
         Job("caches_chain_512_4shot_timing", "experiments.gsm8k",
             ("--limit", _cap(50, limit), "--batch-size", 25, "--gen-length", 512, "--block-length", 32,
              "--num-fewshot", 4, "--strategies", "cache_prefix_threshold", "cache_dual_threshold",
-             "cache_delayed_threshold", "cache_adaptive_nb_threshold", "sw_adaptive_nb_thr0p8",
+             "cache_delayed_threshold", "cache_adaptive_nb_threshold", "sw_adaptive_nb_tol0p05", "sw_adaptive_nb_tol0p02",
              "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
              "--out", f"{out}/caches_chain_512_4shot_timing"),
             "the frontier's speed-ups timed in one run on an otherwise idle machine (first 50 problems)",

@@ -8,16 +8,13 @@
   the threshold mode and the negative-entropy timestep mode), plus its rules with every step
   recomputed (``cache=None``), the reference of "uncached".
 
-Both draw their randomness from the global RNG exactly where the references do
-(``Categorical(probs).sample()``, ``torch.rand``, ``torch.multinomial``); the library draws from a
-``torch.Generator`` seeded the same (the same mt19937 stream). Deviations, each applied to the
-transcription so it states the semantics the library promises: [MASK] is never proposed (its
-logit is -inf, the library's rule for every sampler); the block sampler draws samples only for
-columns it can commit (the reference also samples every column at a block start and the masked
-columns after the block in prefix steps and throws those draws away, which changes the random
-stream but not the distribution); the network is the library's model (its ``shift_logits`` is the
-reference's ``cat([logits[:, :1], logits[:, :-1]])``, and key padding is the part of the
-reference's query-and-key padding mask that real columns read).
+Both draw randomness from the global RNG where the references do (``Categorical(probs).sample()``,
+``torch.rand``, ``torch.multinomial``); the library draws from a ``torch.Generator`` seeded the same
+(the same mt19937 stream). Deviations: [MASK] is never proposed (the library's rule); the block
+sampler draws only for columns it can commit (the reference also samples, then discards, every
+column at a block start and the masked columns after the block: another random stream, the same
+distribution); the network is the library's model (``shift_logits`` is the reference's
+``cat([logits[:, :1], logits[:, :-1]])``; key padding is the part of its mask real columns read).
 """
 
 import copy
