@@ -28,9 +28,10 @@ from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
 from experiments.cli import markdown_table, set_threads
 from experiments.common import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
+from experiments.perplexity_config import data_root
 from experiments.strategy import Strategy
 
-SHARED = Path(__import__("os").environ.get("DLM_SHARED_DATA", REPO.parent / "shared" / "data")) / "reasoning"
+SHARED = data_root() / "reasoning"
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after": reversal.check,
          "reversal_before": reversal.check}
 GEN = {"sudoku": 24, "countdown": 40, "reversal_after": 16, "reversal_before": 16}

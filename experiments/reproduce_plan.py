@@ -66,7 +66,7 @@ class Job:
     after: tuple = ()
     cost_min: float = 0.1
     export: Optional[tuple] = None  # (trained model dir, checkpoint dir), copied after success
-    training: bool = False  # only with --full
+    training: bool = False  # only with --full (a training, or an eval of models only --full trains)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", self.module, *map(str, self.args)]
@@ -216,26 +216,27 @@ def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool
     """AR vs masked diffusion on the any-order tasks (same size, rows and tokens), and throughput
     under load with the roofline."""
     jobs = []
-    for task in ANYORDER_TASKS:
-        for obj, kind in (("ar", "ar"), ("diffusion", "mdm")):
-            jobs.append(Job(f"train_anyorder_{task}_{kind}", "experiments.train_anyorder",
+    for task in ANYORDER_TASKS:  # models are not committed (checkpoint budget): both run with --full only
+        model = {obj: f"{work}/anyorder/{task}-{obj}/model" for obj in ("ar", "diffusion")}
+        for obj in model:
+            jobs.append(Job(f"train_anyorder_{task}_{obj}", "experiments.train_anyorder",
                             ("--task", task, "--objective", obj, "--out", f"{work}/anyorder/{task}-{obj}",
                              "--steps", 1500),
                             f"any-order task model: {task}, {'autoregressive' if obj == 'ar' else 'masked diffusion'}",
-                            (f"checkpoints/anyorder-{task}-{kind}/config.json",), cost_min=10, training=True,
-                            export=(f"{work}/anyorder/{task}-{obj}/model", f"{ck}/anyorder-{task}-{kind}")))
+                            (f"{model[obj]}/config.json",), cost_min=10, training=True))
         names = ("reversal_after", "reversal_before") if task == "reversal" else (task,)
+        samples = tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in ("ar", "pure", "semiar"))
         jobs.append(Job(f"anyorder_{task}", "experiments.anyorder",
-                        ("--task", task, "--ar", f"{ck}/anyorder-{task}-ar", "--mdm", f"{ck}/anyorder-{task}-mdm",
+                        ("--task", task, "--ar", model["ar"], "--mdm", model["diffusion"],
                          "--n", _cap(300, limit), "--out", f"{out}/anyorder"),
-                        f"any-order samples: {task}, AR vs pure / semi-AR diffusion",
-                        samples=tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in ("ar", "pure", "semiar")),
-                        always=True, after=tuple(f"train_anyorder_{task}_{k}" for k in ("ar", "mdm")) if full else (),
+                        f"any-order samples: {task}, AR vs pure / semi-AR diffusion (needs the --full models)",
+                        samples, samples, training=True,
+                        after=tuple(f"train_anyorder_{task}_{obj}" for obj in model),
                         cost_min=3.0 * _cap(300, limit) / 300))
     jobs.append(Job("anyorder_report", "experiments.anyorder", ("--report-only", "--out", f"{out}/anyorder"),
                     "any-order table: AR vs diffusion accuracy with CIs and McNemar",
                     ("anyorder/table.md", "anyorder/table.json"), always=True,
-                    after=tuple(f"anyorder_{t}" for t in ANYORDER_TASKS)))
+                    after=tuple(f"anyorder_{t}" for t in ANYORDER_TASKS) if full else ()))
     jobs.append(Job("bench_load_embedded", "experiments.bench_load",
                     ("--shape", "embedded", "--batches", 1, 8, 32, 64, "--out", f"{out}/bench_load"),
                     "throughput under load: tokens/s and latency vs batch size, AR + KV cache vs the diffusion "
