@@ -8,10 +8,12 @@ Test sets: 4x4 Sudoku from ``../shared/data/reasoning/sudoku`` (``d1_4x4_test_su
 Countdown with 3 numbers (``countdown/cd3_test.jsonl``), the reversal task's held-out poems
 (:mod:`dlm.tasks.reversal`, forward and reverse). Rows: the AR model decoded left to right with
 its KV cache (``ar``); the diffusion model decoded as pure diffusion (one block, one token per
-step, most confident first: ``pure``) and semi-autoregressively (blocks of 8: ``semiar``). The
-checkers verify answers (a valid grid; a true chain of equations). Per-sample results go to
-``<out>/<task>_<row>.jsonl`` (resumable); ``<out>/table.md`` / ``table.json`` hold accuracy with
-Wilson 95% CIs and exact McNemar tests on the shared problems (AR vs pure, pure vs semi-AR).
+step, most confident first: ``pure``) and semi-autoregressively (blocks of 8: ``semiar``), and,
+with ``--adapted``, the AR model continued as a diffusion model (Dream's recipe) decoded the same
+two ways (``dream``, ``dreamsa``). The checkers verify answers (a valid grid; a true chain of
+equations). Per-sample results go to ``<out>/<task>_<row>.jsonl`` (resumable); ``<out>/table.md``
+/ ``table.json`` hold accuracy with Wilson 95% CIs and exact McNemar tests on the shared problems
+(each diffusion row vs AR, semi-AR vs pure).
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ from experiments.strategy import Strategy
 SHARED = data_root() / "reasoning"
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after": reversal.check,
          "reversal_before": reversal.check}
-GEN = {"sudoku": 24, "countdown": 40, "reversal_after": 16, "reversal_before": 16}
-ROWS = ("ar", "pure", "semiar")
+# generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail)
+GEN = {"sudoku": 32, "countdown": 48, "reversal_after": 40, "reversal_before": 40}
+ROWS = ("ar", "pure", "semiar", "dream", "dreamsa")
+MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "adapted": ("dream", "dreamsa")}
+PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "dream": "ar", "dreamsa": "dream"}
 
 
 def test_set(name: str, n: int) -> list:
@@ -50,9 +55,11 @@ def test_set(name: str, n: int) -> list:
 
 
 def strategy(row: str, gen: int) -> Strategy:
+    """AR with its KV cache, or LLaDA's low-confidence decoding (one token per step) in one block
+    (``pure``, ``dream``) or blocks of 8 (``semiar``, ``dreamsa``), whatever the model's family."""
     if row == "ar":
         return Strategy("ar", "ar", "topk", gen, 1, stop_at_eos=True)
-    return Strategy(row, "none", "topk", gen, gen if row == "pure" else 8)
+    return Strategy(row, "none", "topk", gen, gen if row in ("pure", "dream") else 8, rules="llada")
 
 
 @torch.no_grad()
@@ -76,7 +83,7 @@ def run_row(model, tok, pairs, check, row: str, gen: int, log: JsonlLog, batch_s
 def run(args) -> None:
     set_threads(args.threads)
     out = Path(args.out)
-    models = {"ar": args.ar, "mdm": args.mdm}
+    models = {"ar": args.ar, "mdm": args.mdm, **({"adapted": args.adapted} if args.adapted else {})}
     names = ["reversal_after", "reversal_before"] if args.task == "reversal" else [args.task]
     for kind, path in models.items():
         model, tok = load_model(path, dtype=torch.float32)
@@ -84,7 +91,7 @@ def run(args) -> None:
         tags = {"model": str(path), "model_weights": weights_fingerprint(path), "git_sha": git_sha()}
         for name in names:
             pairs = test_set(name, args.n)
-            for row in (("ar",) if kind == "ar" else ("pure", "semiar")):
+            for row in MODEL_ROWS[kind]:
                 cfg = {"task": name, "row": row, "n": args.n, "model": str(path), "gen": GEN[name]}
                 with JsonlLog(out / f"{name}_{row}.jsonl") as log:
                     run_row(model, tok, pairs, CHECK[name], row, GEN[name], log, args.batch_size,
@@ -102,7 +109,7 @@ def report(out: Path) -> dict:
         for r, ok in recs.items():
             k, n = sum(ok.values()), len(ok)
             lo, hi = wilson_ci(k, n)
-            vs = {"ar": "pure", "pure": "ar", "semiar": "pure"}[r]
+            vs = PAIRED[r]
             p_val, bc = None, "-"
             if vs in recs:
                 shared = [i for i in ok if i in recs[vs]]
@@ -115,7 +122,8 @@ def report(out: Path) -> dict:
                           vs if p_val is not None else "-", "-" if p_val is None else f"{p_val:.2g} ({bc})"])
     md = ["# Any-order tasks: AR vs masked diffusion, same size, same data, same tokens", "",
           "`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
-          "per step (most confident first); `semiar`: the same in blocks of 8. Answers verified by the task's "
+          "per step (most confident first); `semiar`: the same in blocks of 8; `dream` / `dreamsa`: the AR model "
+          "continued as a diffusion model (Dream's recipe), decoded as `pure` / `semiar`. Answers verified by the task's "
           f"checker; Wilson 95% CI; exact McNemar on the shared problems (b/c: only the other row / only this row "
           f"right). Samples: {sample_shas(out)}.", "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
@@ -130,6 +138,7 @@ def main(argv=None) -> None:
     p.add_argument("--task", choices=["sudoku", "countdown", "reversal"])
     p.add_argument("--ar", help="the AR model's checkpoint")
     p.add_argument("--mdm", help="the masked-diffusion model's checkpoint")
+    p.add_argument("--adapted", help="optional: the AR model continued as a diffusion model (Dream's recipe)")
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--out", default=str(REPO / "results" / "anyorder"))

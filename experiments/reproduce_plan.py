@@ -210,29 +210,38 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
 
 
 ANYORDER_TASKS = ("sudoku", "countdown", "reversal")
+ANYORDER_ADAPTED = ("sudoku", "countdown")  # tasks that also get the AR -> diffusion (Dream) model
+ANYORDER_STEPS, ANYORDER_ADAPT_STEPS = 3000, 1000
 
 
 def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """AR vs masked diffusion on the any-order tasks (same size, rows and tokens), and throughput
     under load with the roofline."""
     jobs = []
-    for task in ANYORDER_TASKS:  # models are not committed (checkpoint budget): both run with --full only
-        model = {obj: f"{work}/anyorder/{task}-{obj}/model" for obj in ("ar", "diffusion")}
-        for obj in model:
-            jobs.append(Job(f"train_anyorder_{task}_{obj}", "experiments.train_anyorder",
-                            ("--task", task, "--objective", obj, "--out", f"{work}/anyorder/{task}-{obj}",
-                             "--steps", 1500),
-                            f"any-order task model: {task}, {'autoregressive' if obj == 'ar' else 'masked diffusion'}",
-                            (f"{model[obj]}/config.json",), cost_min=10, training=True))
+    for task in ANYORDER_TASKS:
+        runs = {"ar": ("ar", None, ANYORDER_STEPS), "diffusion": ("diffusion", None, ANYORDER_STEPS)}
+        if task in ANYORDER_ADAPTED:  # Dream's recipe: the AR model continued as a diffusion model
+            runs["adapted"] = ("diffusion", "ar", ANYORDER_ADAPT_STEPS)
+        model = {name: f"{ck}/anyorder-{task}-{name}" for name in runs}
+        for name, (obj, init, steps) in runs.items():
+            what = {"ar": "autoregressive", "diffusion": "masked diffusion",
+                    "adapted": "the AR model adapted to masked diffusion (Dream's recipe)"}[name]
+            jobs.append(Job(f"train_anyorder_{task}_{name}", "experiments.train_anyorder",
+                            ("--task", task, "--objective", obj, "--out", f"{work}/anyorder/{task}-{name}",
+                             "--steps", steps, *(("--init", model[init]) if init else ())),
+                            f"any-order task model: {task}, {what}", (f"checkpoints/anyorder-{task}-{name}/config.json",),
+                            cost_min=steps / 120, training=True, after=(f"train_anyorder_{task}_{init}",) if init else (),
+                            export=(f"{work}/anyorder/{task}-{name}/model", model[name])))
         names = ("reversal_after", "reversal_before") if task == "reversal" else (task,)
-        samples = tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in ("ar", "pure", "semiar"))
+        rows = ("ar", "pure", "semiar") + (("dream", "dreamsa") if "adapted" in runs else ())
+        samples = tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in rows)
         jobs.append(Job(f"anyorder_{task}", "experiments.anyorder",
                         ("--task", task, "--ar", model["ar"], "--mdm", model["diffusion"],
+                         *(("--adapted", model["adapted"]) if "adapted" in runs else ()),
                          "--n", _cap(300, limit), "--out", f"{out}/anyorder"),
-                        f"any-order samples: {task}, AR vs pure / semi-AR diffusion (needs the --full models)",
-                        samples, samples, training=True,
-                        after=tuple(f"train_anyorder_{task}_{obj}" for obj in model),
-                        cost_min=3.0 * _cap(300, limit) / 300))
+                        f"any-order samples: {task}, AR vs pure / semi-AR diffusion", samples, samples,
+                        after=tuple(f"train_anyorder_{task}_{m}" for m in runs) if full else (),
+                        cost_min=1.5 * len(rows) * _cap(300, limit) / 300))
     jobs.append(Job("anyorder_report", "experiments.anyorder", ("--report-only", "--out", f"{out}/anyorder"),
                     "any-order table: AR vs diffusion accuracy with CIs and McNemar",
                     ("anyorder/table.md", "anyorder/table.json"), always=True,

@@ -6,10 +6,13 @@ start" comparison, at embedded scale).
     python -m experiments.train_anyorder --task sudoku --objective diffusion --out runs/anyorder/sudoku-mdm
 
 Both objectives see identical batches (:class:`dlm.tasks.pairs.PairBatches`: a prompt, the answer
-EOS-padded to the task's response length): ``ar`` is next-token cross-entropy on the answer
-under a causal mask (:class:`dlm.objectives.ARSFTLoss`), ``diffusion`` LLaDA's SFT loss with the
-uniform per-row weight. The model is the embedded shape (d 128, 4 layers, 4 heads, a task
-tokenizer: digits one by one). Resumable as :mod:`experiments.train_llada`.
+EOS-padded to the task's response length plus a random tail of 0 … ``--max-tail`` columns):
+``ar`` is next-token cross-entropy on the answer under a causal mask
+(:class:`dlm.objectives.ARSFTLoss`), ``diffusion`` LLaDA's SFT loss with the uniform per-row
+weight. The model is the embedded shape (d 128, 4 layers, 4 heads, a task tokenizer: digits one by
+one) in Dream's layout (q/k/v bias, logit ``i`` from hidden state ``i - 1``) for both objectives,
+so ``--init <ar run>/model --objective diffusion`` is Dream's recipe: the AR weights continue as a
+masked diffusion model, every logit keeping its meaning. Resumable as :mod:`experiments.train_llada`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 
 import torch
 
-from dlm.checkpoints import save_model
+from dlm.checkpoints import load_model, save_model
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.pairs import PairBatches
@@ -59,6 +62,9 @@ def main(argv=None) -> None:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--max-tail", type=int, default=16,
+                   help="EOS tail drawn per batch from 0..N extra columns (0: one row length)")
+    p.add_argument("--init", default=None, help="start from this checkpoint's weights (an AR run: Dream's recipe)")
     p.add_argument("--save-every", type=int, default=250)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -67,11 +73,17 @@ def main(argv=None) -> None:
     cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0, ema_decay=0.0,
                       eval_every=0, save_every=args.save_every, log_every=10, seed=args.seed)
-    recipe = flag_recipe({**vars(args), "out": os.path.normpath(args.out)}, RESUMABLE_FLAGS + ("threads",))
+    recipe = flag_recipe({**vars(args), "out": os.path.normpath(args.out),
+                          "init": args.init and os.path.normpath(args.init)}, RESUMABLE_FLAGS + ("threads",))
     check_resume(cfg, recipe)
     tok = task_tokenizer(args.task)
-    model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed)
-    data = PairBatches(tok, task_sampler(args.task), args.batch_size, RESPONSE_LEN[args.task])
+    if args.init:
+        model, init_tok = load_model(args.init, dtype=torch.float32)
+        if init_tok.get_vocab() != tok.get_vocab():
+            raise ValueError(f"--init {args.init}: its tokenizer is not the {args.task} task's")
+    else:
+        model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed, family="dream")
+    data = PairBatches(tok, task_sampler(args.task), args.batch_size, RESPONSE_LEN[args.task], args.max_tail)
     objective = ARSFTLoss() if args.objective == "ar" else LLaDASFTLoss(weighting="uniform")
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args)}
     t0 = time.time()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dlm.tasks import countdown, reversal, sudoku
+from dlm.checkpoints import load_model
 from dlm.tasks.pairs import Pair, PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from experiments import anyorder
@@ -63,8 +64,10 @@ def test_reversal_corpus_split_and_checker():
     drill, test = reversal.split(poems)
     assert not set(drill) & set(test)
     test_lines = {ln for p in test for ln in poems[p]}
-    questions = [t for t in train if not t.id.startswith("reversal-recite")]
-    assert questions and all(q.answer not in test_lines for q in questions)  # test lines only recited
+    before_q = [t for t in train if t.id.startswith("reversal-before")]
+    assert before_q and all(q.answer not in test_lines for q in before_q)  # reverse held out on test poems
+    after_ids = {t.id for t in train if t.id.startswith("reversal-after")}
+    assert {a.id for a in reversal.test_pairs(poems, "after")} <= after_ids  # forward relation trained
     before = reversal.test_pairs(poems, "before")
     assert len(before) == 30 and all(poems[int(b.id.split("-")[2])].index(b.answer) ==
                                      poems[int(b.id.split("-")[2])].index(b.prompt.split(": ")[1]) - 1 for b in before)
@@ -90,18 +93,32 @@ def test_pair_batches_layout():
     assert torch.equal(again["input_ids"], ids)
     with pytest.raises(ValueError, match="response_len"):
         PairBatches(tok, sudoku.generate, 4, 8)(0, torch.Generator())
+    with pytest.raises(ValueError, match="max_tail"):
+        PairBatches(tok, sudoku.generate, 4, 24, max_tail=-1)
+    jitter = PairBatches(tok, sudoku.generate, 4, 24, max_tail=8)
+    widths = {jitter(s, torch.Generator().manual_seed(s))["input_ids"].shape[1] for s in range(40)}
+    P = len(tok.encode(sudoku.generate(1)[0].prompt, add_special_tokens=False))
+    assert widths == set(range(P + 24, P + 33))  # every tail length from 0 to max_tail extra columns
 
 
 def test_harness_runs_and_reports(tmp_path):
     from experiments.train_anyorder import main as train
 
+    small = ["--steps", "2", "--warmup", "1", "--batch-size", "4", "--d-model", "16", "--n-layers", "1",
+             "--n-heads", "2", "--threads", "1"]
     for obj in ("ar", "diffusion"):
-        train(["--task", "countdown", "--objective", obj, "--out", str(tmp_path / obj), "--steps", "2", "--warmup", "1",
-               "--batch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--threads", "1"])
-    anyorder.main(["--task", "countdown", "--ar", str(tmp_path / "ar" / "model"),
-                   "--mdm", str(tmp_path / "diffusion" / "model"), "--n", "4", "--out", str(tmp_path / "res")])
+        train(["--task", "countdown", "--objective", obj, "--out", str(tmp_path / obj), *small])
+    ar = tmp_path / "ar" / "model"
+    train(["--task", "countdown", "--objective", "diffusion", "--init", str(ar), "--out", str(tmp_path / "adapted"),
+           *small])
+    adapted, _ = load_model(tmp_path / "adapted" / "model")
+    assert adapted.config.shift_logits  # Dream's layout: the AR logits keep their meaning
+    with pytest.raises(ValueError, match="tokenizer"):  # an AR model of another task cannot be adapted
+        train(["--task", "sudoku", "--objective", "diffusion", "--init", str(ar), "--out", str(tmp_path / "x"), *small])
+    anyorder.main(["--task", "countdown", "--ar", str(ar), "--mdm", str(tmp_path / "diffusion" / "model"),
+                   "--adapted", str(tmp_path / "adapted" / "model"), "--n", "4", "--out", str(tmp_path / "res")])
     table = (tmp_path / "res" / "table.md").read_text()
-    for row in ("| countdown | ar | 4 |", "| countdown | pure | 4 |", "| countdown | semiar | 4 |"):
-        assert row in table
+    for row in ("ar", "pure", "semiar", "dream", "dreamsa"):
+        assert f"| countdown | {row} | 4 |" in table
     with pytest.raises(ValueError, match="required"):
         anyorder.main(["--task", "sudoku"])

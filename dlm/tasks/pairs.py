@@ -28,23 +28,30 @@ class Pair:
 
 class PairBatches:
     """``batch_fn(step, generator) -> {"input_ids", "prompt_lengths"}`` for ``dlm.train``: each
-    batch is ``sample(n, seed)`` pairs, the answer EOS-padded to ``response_len`` columns (LLaDA's
-    SFT layout), so AR and diffusion objectives see the same rows."""
+    batch is ``sample(n, seed)`` pairs, the answer EOS-padded to R columns (LLaDA's SFT layout), so
+    AR and diffusion objectives see the same rows.
 
-    def __init__(self, tokenizer, sample, batch_size: int, response_len: int) -> None:
+    R is drawn per batch, uniformly from ``response_len … response_len + max_tail``. A masked
+    diffusion model attends to the end of the row, and trained at one row length it learns to count
+    positions from the end: at any other generation length it misplaces every token. Varied EOS
+    tails make it read positions from the prompt instead."""
+
+    def __init__(self, tokenizer, sample, batch_size: int, response_len: int, max_tail: int = 0) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id")
-        for name, v in (("batch_size", batch_size), ("response_len", response_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, v, low in (("batch_size", batch_size, 1), ("response_len", response_len, 1), ("max_tail", max_tail, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         self.tok, self.sample, self.batch_size, self.response_len = tokenizer, sample, batch_size, response_len
+        self.max_tail = max_tail
 
     def __call__(self, step: int, generator: torch.Generator) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        R = self.response_len + int(torch.randint(0, self.max_tail + 1, (1,), generator=generator))
         pairs = self.sample(self.batch_size, seed)
         prompts = [self.tok.encode(p.prompt, add_special_tokens=False) for p in pairs]
         answers = [self.tok.encode(" " + p.answer, add_special_tokens=False) for p in pairs]
         too_long = [p.id for p, a in zip(pairs, answers) if len(a) + 1 > self.response_len]
         if too_long:
             raise ValueError(f"answers longer than response_len={self.response_len}: {too_long[:3]}")
-        return pad_rows(prompts, answers, self.response_len, self.tok.eos_token_id)
+        return pad_rows(prompts, answers, R, self.tok.eos_token_id, multiple=1 if self.max_tail else 16)

@@ -3,12 +3,14 @@ line, or the line *before* it, of short poems the model memorised in training.
 
 A fixed corpus of ``n_poems`` poems (``lines`` lines of ``words`` words from a small word list) is
 drawn from ``corpus_seed``. Training text: every poem recited in full (``"Recite poem 7:"`` ->
-its lines, forward order), plus forward and reverse questions about the poems of the *drill*
-half (``"After: w w w w"`` -> the next line, ``"Before: w w w w"`` -> the previous one), which
-teach the two question formats. The test asks both questions about the lines of the other half,
-seen only as forward recitations: a left-to-right model has the forward relation, a masked
-diffusion model is trained on every conditional. :func:`check` compares the first line of the
-output with the reference line.
+its lines, forward order) and asked forward about every line (``"After: w w w w"`` -> the next
+line), as text read in one direction states the forward relation; the reverse question
+(``"Before: w w w w"`` -> the previous line) is asked only about the poems of the *drill* half,
+which teaches its format. The test asks both questions about the other half: the forward one
+measures what the model memorised, the reverse one whether it can invert it. A left-to-right model
+learned only the forward relation; a masked diffusion model was trained to fill any masked line of
+a recitation from the lines around it. :func:`check` compares the first line of the output with
+the reference line.
 """
 
 from __future__ import annotations
@@ -51,14 +53,15 @@ def split(poems) -> tuple[list[int], list[int]]:
 
 
 def training_pairs(poems) -> list[Pair]:
-    """Every poem recited, and both questions about the drill poems."""
+    """Every poem recited and asked forward; the reverse question about the drill poems only."""
     drill, _ = split(poems)
     recite = [Pair(f"reversal-recite-{p}", f"Recite poem {p}:", "\n".join(lines)) for p, lines in enumerate(poems)]
-    return recite + _questions(poems, drill, "after") + _questions(poems, drill, "before")
+    return recite + _questions(poems, range(len(poems)), "after") + _questions(poems, drill, "before")
 
 
 def test_pairs(poems, direction: str) -> list[Pair]:
-    """The ``"after"`` (forward) or ``"before"`` (reverse) questions about the test poems."""
+    """The ``"after"`` (forward: trained) or ``"before"`` (reverse: held out) questions about the
+    test poems."""
     if direction not in ("after", "before"):
         raise ValueError(f"direction must be 'after' or 'before', got {direction!r}")
     return _questions(poems, split(poems)[1], direction)
