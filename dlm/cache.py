@@ -2,11 +2,15 @@
 
 :class:`KVCache` preallocates keys (after RoPE) and values for every layer, ``(B, H, T_max, D)``
 each, indexed by *column of the running sequence*. A forward over a window of columns
-``[start, start + W)`` reads cached K/V for every other column below ``max(length, start + W)``
-and either
+``[start, start + W)`` reads cached K/V for every other column below ``max(length, start + W)``;
+the window's fresh K/V are written into the storage in place and attention reads one view
+``[0, key_len)`` of it (no per-step concatenation), and either
 
-- ``commit=True``: writes the window's fresh K/V into the cache (and extends ``length``), or
-- ``commit=False``: uses them for this call only; the cache is unchanged.
+- ``commit=True``: they stay valid (``length`` extends over the window), or
+- ``commit=False``: they are scratch: the window's columns hold this call's K/V until a later
+  forward overwrites them. A policy recomputes a window before it reads it again (the prefix and
+  dual windows at every step, refreshed at block starts; BD3-LM's block, committed clean), so no
+  policy reads scratch K/V of a column outside the window that wrote them.
 
 Policies (``dlm.sampling`` none, ``bd3lm`` exact, ``fastdllm`` prefix/dual/delayed/adaptive)
 differ only in which window they recompute, when they commit and which columns they pin
@@ -71,11 +75,13 @@ class KVCache:
     def layer_kv(
         self, layer: int, k_new: Tensor, v_new: Tensor, start: int, commit: bool
     ) -> tuple[Tensor, Tensor]:
-        """Keys/values over columns ``[0, key_len)`` with the window replaced by fresh ones.
+        """Keys/values over columns ``[0, key_len)`` with the window's fresh ones written in place.
 
-        k_new, v_new: (B, H, W, D). Returns (B, H, key_len, D) each. Where ``keep`` is set
-        (per row and column, e.g. the columns a delayed policy has cached), the window reads the
-        cached K/V instead of the fresh ones (and a commit leaves them unchanged).
+        k_new, v_new: (B, H, W, D). Returns views (B, H, key_len, D) of the storage. Where ``keep``
+        is set (per row and column, e.g. the columns a delayed policy has cached), the window reads
+        the cached K/V instead of the fresh ones, which are not written. ``commit`` does not change
+        the write (see the module docstring); the model extends ``length`` after a committing
+        forward.
         """
         width = k_new.shape[2]
         stop = start + width
@@ -84,15 +90,9 @@ class KVCache:
             pin = self.keep[:, None, start:stop, None]  # (B, 1, W, 1)
             k_new = torch.where(pin, self.k[layer, :, :, start:stop], k_new)
             v_new = torch.where(pin, self.v[layer, :, :, start:stop], v_new)
-        if commit:
-            self.k[layer, :, :, start:stop] = k_new
-            self.v[layer, :, :, start:stop] = v_new
-            return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-        ks, vs = [self.k[layer, :, :, :start], k_new], [self.v[layer, :, :, :start], v_new]
-        if end > stop:
-            ks.append(self.k[layer, :, :, stop:end])
-            vs.append(self.v[layer, :, :, stop:end])
-        return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
+        self.k[layer, :, :, start:stop] = k_new
+        self.v[layer, :, :, start:stop] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def advance(self, end: int) -> None:
         """Mark columns below ``end`` valid (called by the model after a committing forward)."""

@@ -91,22 +91,57 @@ def propose(
     and a proposed [MASK] would leave its column masked; optionally EOS/EoT too).
     ``top_p``: None proposes from the raw logits (LLaDA); a number from the float64 SUBS
     log-probabilities (BD3-LM / MDLM: excluded ids impossible), nucleus-filtered to ``top_p``.
-    ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA).
-    ``random``: conf ~ U(0, 1) (LLaDA's random remasking).
+    ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA), computed
+    as ``exp(l[x0] - max) / sum exp(l - max)`` (:func:`token_confidence`) without a vocabulary-sized
+    float64 softmax. ``random``: conf ~ U(0, 1) (LLaDA's random remasking).
     """
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
     if top_p is not None:
         lp = suppress_logits(logits.to(torch.float64), exclude)
         logits, exclude = top_p_filter(torch.log_softmax(lp, dim=-1), top_p), ()
-    logits = suppress_logits(logits, exclude)
-    x0 = add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, T)
-    if remasking == "low_confidence":
-        p = torch.softmax(logits.to(torch.float64), dim=-1)
-        conf = p.gather(-1, x0[..., None]).squeeze(-1)  # (B, T)
-    elif remasking == "random":
-        conf = torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
-    else:
-        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
-    return x0, conf
+    with excluded(logits, exclude) as logits:
+        if temperature == 0:  # max(dim) returns the first maximum's index, as argmax, in one faster pass
+            top, x0 = logits.max(dim=-1)  # (B, T) each
+        else:
+            top, x0 = None, add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, T)
+        if remasking == "random":
+            return x0, torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
+        return x0, token_confidence(logits, x0, top)
+
+
+class excluded:
+    """``with excluded(logits, ids) as l``: ``logits`` with the columns ``ids`` at -inf inside the
+    block, restored after it. In place: a (B, T, len(ids)) write instead of a (B, T, V) copy."""
+
+    def __init__(self, logits: Tensor, ids: tuple[int, ...]) -> None:
+        self.logits, self.ids = logits, ids
+
+    def __enter__(self) -> Tensor:
+        if self.ids:
+            self.idx = torch.tensor(self.ids, dtype=torch.long, device=self.logits.device)
+            self.saved = self.logits.index_select(-1, self.idx)  # (B, T, n)
+            self.logits.index_fill_(-1, self.idx, float("-inf"))
+        return self.logits
+
+    def __exit__(self, *exc) -> None:
+        if self.ids:
+            self.logits.index_copy_(-1, self.idx, self.saved)
+
+
+def token_confidence(logits: Tensor, x0: Tensor, top: Optional[Tensor] = None) -> Tensor:
+    """softmax(logits)[x0] in float64, (B, T, V), (B, T) -> (B, T), by log-sum-exp:
+
+        c = exp(l[x0] - m) / sum_v exp(l_v - m),   m = max_v l_v,
+
+    the exponentials in the logits' dtype, summed and divided in float64 (no (B, T, V) float64
+    softmax). ``top``: the row maxima m (B, T) when the caller has them. Agrees with the float64
+    softmax to ~1e-8 relative on float32 logits (the float32 exp's rounding, averaged by the sum)."""
+    lx = logits.gather(-1, x0[..., None])  # (B, T, 1)
+    m = logits.amax(dim=-1, keepdim=True) if top is None else top[..., None]  # (B, T, 1)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # an all -inf row stays nan-free
+    total = torch.sub(logits, m).exp_().sum(dim=-1, dtype=torch.float64)  # (B, T)
+    return torch.exp((lx - m).squeeze(-1).to(torch.float64)) / total
 
 
 def confidence_ranks(confidence: Tensor) -> Tensor:

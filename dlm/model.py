@@ -194,6 +194,10 @@ class Transformer(nn.Module):
                 with torch.no_grad():
                     p.normal_(0.0, s, generator=generator)
 
+    def rope_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """RoPE cos/sin for ``positions`` (B, T): (B, 1, T, D) each (:func:`rope_cos_sin`)."""
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
@@ -209,6 +213,7 @@ class Transformer(nn.Module):
         backend: str = "sdpa",
         logits_slice: Optional[slice] = None,
         return_hidden: bool = False,
+        rope: Optional[tuple[Tensor, Tensor]] = None,
     ) -> Tensor:
         """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``.
 
@@ -216,6 +221,8 @@ class Transformer(nn.Module):
         cache: read K/V of other columns from it; write this window's K/V when ``commit``.
         attn_mask: bool, broadcastable to (B, 1, W, K) with K = cache key length (or W).
         logits_slice: compute the LM head only on these window columns (saves the vocab matmul).
+        rope: the window's precomputed ``rope_cos_sin(positions, ...)`` tables, (B, 1, W, D) each
+        (a sampler computes them once per call; ``positions`` is then not read).
         Returns (B, W', V) logits (aligned to predicted tokens) or hidden states if requested.
         """
         B, W = input_ids.shape
@@ -228,7 +235,7 @@ class Transformer(nn.Module):
         elif start != 0 or commit:
             raise ValueError("start/commit need a cache")
         x = self.embed(input_ids)  # (B, W, d)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = self.rope_tables(positions, x.dtype) if rope is None else rope
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn_mask, backend, cache, i, start, commit)
         if cache is not None and commit:

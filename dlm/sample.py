@@ -32,6 +32,7 @@ from torch import Tensor
 from .attention import BACKENDS, key_padding_mask
 from .cache import KVCache
 from .commit import CommitRule, Proposal
+from .model import Transformer
 from .stats import ForwardTimer, SampleStats, forward_flops, tokens_until_eos
 from .validate import PreparedBatch
 
@@ -106,6 +107,7 @@ class Run:
         self._real_before = None if am is None else torch.nn.functional.pad(am.long().cumsum(-1), (1, 0))
         cfg = self.model.config
         self._dense = cfg.num_params(include_embeddings=False)
+        self._rope: Optional[tuple[Tensor, Tensor]] = None  # (B, 1, T, D) each, on the first forward
 
     def _real(self, start: int, stop: int) -> Tensor | int:
         """(B,) non-padding columns in ``[start, stop)`` (an int when there is no padding)."""
@@ -152,10 +154,14 @@ class Run:
         n_head = 0 if head is None else len(range(width)[head])
         self._count(start, width, keys, n_head, copies, row_span)
         inp = self.x[:, start:stop] if inputs is None else inputs
-        pos = self.positions[:, start:stop] if positions is None else positions
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
+        if positions is None and isinstance(self.model, Transformer):  # the run's RoPE tables, computed once
+            if self._rope is None:
+                self._rope = self.model.rope_tables(self.positions, self.model.embed.weight.dtype)
+            kwargs["rope"] = tuple(t[:, :, start:stop] for t in self._rope)
         with self.timer(width):
-            return self.model(inp, positions=pos, attn_mask=attn, backend=self.backend,
+            return self.model(inp, positions=self.positions[:, start:stop] if positions is None else positions,
+                              attn_mask=attn, backend=self.backend,
                               logits_slice=slice(0, 0) if head is None else head, **kwargs)
 
 

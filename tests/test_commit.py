@@ -258,6 +258,24 @@ def test_propose_greedy_is_argmax_without_excluded_ids_with_its_probability():
             assert float(conf[b, t]) == pytest.approx(math.exp(row[j]) / z, rel=1e-12)
 
 
+def test_propose_float32_confidence_is_the_float64_softmax_and_leaves_logits_intact():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 16, 4000, generator=g) * 4  # (B, T, V) float32, as a model returns
+    logits[0, :4, 7] = 40.0  # the excluded id would win these columns
+    logits[1, 2, 5] = logits[1, 2, 9] = 60.0  # a tie: the first maximum wins, as argmax
+    before = logits.clone()
+    x0, conf = propose(logits, 0.0, "low_confidence", None, exclude=(7,))
+    assert torch.equal(logits, before)  # the temporary -inf of the excluded ids is undone
+    ref = logits.double().index_fill(-1, torch.tensor([7]), float("-inf"))
+    assert torch.equal(x0, ref.argmax(-1)) and int(x0[1, 2]) == 5 and not (x0 == 7).any()
+    want = torch.softmax(ref, -1).gather(-1, x0[..., None]).squeeze(-1)  # the references' float64 softmax
+    assert conf.dtype == torch.float64
+    assert ((conf - want).abs() / want).max() < 1e-7
+    sampled, conf_t = propose(logits, 0.7, "low_confidence", torch.Generator().manual_seed(0), exclude=(7,))
+    want_t = torch.softmax(ref, -1).gather(-1, sampled[..., None]).squeeze(-1)  # not the argmax: m != l[x0]
+    assert not torch.equal(sampled, x0) and ((conf_t - want_t).abs() / want_t).max() < 1e-7
+
+
 def test_top_p_filter_keeps_the_smallest_nucleus():
     g = torch.Generator().manual_seed(1)
     logp = torch.log_softmax(torch.randn(4, 9, generator=g, dtype=torch.float64), -1)  # (B, V)

@@ -26,8 +26,33 @@ def test_cache_windows_match_full_forward(overrides):
     # prefix-style window: block + everything after it
     tail = model(x[:, 8:], cache=cache, start=8)
     torch.testing.assert_close(tail, full[:, 8:], atol=TOL, rtol=0)
-    # non-committing windows leave the cache untouched
+    # non-committing windows leave the cache length, and every column outside them, untouched
     assert cache.length == 24
+
+
+def test_scratch_window_writes_in_place_and_only_its_columns():
+    """A non-committing window writes its fresh K/V into its own columns (attention reads one
+    view of the storage) and nothing else; recomputing the window with new tokens reads them."""
+    model = tiny_model()
+    x = random_prompts(2, 24, model.config)
+    cache = KVCache.for_model(model, 2, 32)
+    model(x, cache=cache, commit=True)
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    y = x.clone()
+    y[:, 10] = (y[:, 10] + 1) % 30 + 4
+    out = model(y[:, 8:16], cache=cache, start=8)  # (B, 8, V)
+    ref = KVCache.for_model(model, 2, 32)
+    model(x, cache=ref, commit=True)
+    cat_k = [torch.cat([ref.k[i, :, :, :8], kw, ref.k[i, :, :, 16:24]], 2)
+             for i, kw in enumerate(cache.k[:, :, :, 8:16])]  # what a concatenating cache would attend over
+    assert all(torch.equal(a, cache.k[i, :, :, :24]) for i, a in enumerate(cat_k))
+    outside = torch.ones(32, dtype=torch.bool)
+    outside[8:16] = False
+    assert torch.equal(cache.k[:, :, :, outside], k0[:, :, :, outside])
+    assert torch.equal(cache.v[:, :, :, outside], v0[:, :, :, outside]) and cache.length == 24
+    assert not torch.equal(cache.k[:, :, :, 8:16], k0[:, :, :, 8:16])  # the window's own columns are fresh
+    again = model(y[:, 8:16], cache=cache, start=8)
+    torch.testing.assert_close(again, out, atol=TOL, rtol=0)
 
 
 def test_chunked_commit_equals_full_forward_under_causal_mask():
