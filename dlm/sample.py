@@ -159,7 +159,7 @@ class Run:
             if self._rope is None:
                 self._rope = self.model.rope_tables(self.positions, self.model.embed.weight.dtype)
             kwargs["rope"] = tuple(t[:, :, start:stop] for t in self._rope)
-        with self.timer(width):
+        with self.timer(width, keys, self._flops(width, keys, n_head, copies)):
             return self.model(inp, positions=self.positions[:, start:stop] if positions is None else positions,
                               attn_mask=attn, backend=self.backend,
                               logits_slice=slice(0, 0) if head is None else head, **kwargs)

@@ -26,6 +26,8 @@ class SampleStats:
         so a row's costs do not depend on the batch it ran in: row_nfe, row_steps,
         row_positions, row_flops, row_tokens (answer columns the row committed), row_refreshes
         (steps whose forward recomputed all of the row's columns: the cache policy's refreshes).
+    forward_kinds: ``(query columns, key columns) -> [forwards, seconds, FLOPs per row]``: the
+        forwards by shape (a block-start refresh, a cached window), for per-kind rooflines.
     """
 
     nfe: int = 0
@@ -42,6 +44,7 @@ class SampleStats:
     row_flops: Optional[Tensor] = None  # (B,) long
     row_tokens: Optional[Tensor] = None  # (B,) long
     row_refreshes: Optional[Tensor] = None  # (B,) long
+    forward_kinds: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -54,7 +57,8 @@ class SampleStats:
 
     def as_dict(self) -> dict:
         out = {k: v.tolist() if isinstance(v, Tensor) else v for k, v in self.__dict__.items()
-               if k != "extra" and v is not None}
+               if k not in ("extra", "forward_kinds") and v is not None}
+        out["forward_kinds"] = [[q, k, *v] for (q, k), v in self.forward_kinds.items()]
         out["tokens_per_step"] = self.tokens_per_step
         out.update(self.extra)
         return out
@@ -66,10 +70,17 @@ class ForwardTimer:
     def __init__(self, stats: SampleStats, device: torch.device) -> None:
         self.stats, self.cuda = stats, device.type == "cuda"
         self._t0 = 0.0
+        self._kind: Optional[list] = None
 
-    def __call__(self, n_positions: int) -> "ForwardTimer":
+    def __call__(self, n_positions: int, keys: Optional[int] = None, flops: int = 0) -> "ForwardTimer":
+        """One forward of ``n_positions`` query columns (over ``keys`` key columns, costing
+        ``flops`` per row: recorded by kind in ``stats.forward_kinds`` when ``keys`` is given)."""
         self.stats.nfe += 1
         self.stats.positions_computed += n_positions
+        self._kind = None
+        if keys is not None:
+            self._kind = self.stats.forward_kinds.setdefault((n_positions, keys), [0, 0.0, flops])
+            self._kind[0] += 1
         return self
 
     def __enter__(self) -> "ForwardTimer":
@@ -81,7 +92,10 @@ class ForwardTimer:
     def __exit__(self, *exc) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-        self.stats.forward_seconds += time.perf_counter() - self._t0
+        dt = time.perf_counter() - self._t0
+        self.stats.forward_seconds += dt
+        if self._kind is not None:
+            self._kind[1] += dt
 
 
 def tokens_until_eos(generated: Tensor, eos_id: Optional[int]) -> Tensor:

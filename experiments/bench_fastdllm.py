@@ -4,9 +4,13 @@ One process runs, for each ``--gen-length``: the LLaDA baseline (``dlm.sampling.
 token per step), ``+prefix``, ``+dual`` (top-k, one token per step), ``+threshold`` (no cache),
 ``+prefix+threshold`` and ``+dual+threshold``, and prints wall time, measured speed-up over the
 baseline, the FLOP-count ideal speed-up (``dlm.stats.forward_flops`` summed over the forwards)
-and their ratio, NFE and tokens per step.
+and their ratio, NFE and tokens per step, and the roofline (:mod:`experiments.roofline`): each
+call's floor ``sum over forwards of max(FLOPs / peak, bytes / bandwidth)`` with peak and
+bandwidth measured here, ``floor / measured`` for the call and per forward kind (block-start
+refresh, cached window). ``--out DIR`` writes ``DIR/<name>.md`` and ``.json``.
 
     python -m experiments.bench_fastdllm --preset tiny --threads 1
+    python -m experiments.bench_fastdllm --preset mid --prompt-len 200 --gen-length 256 --out results/speed
     python -m experiments.bench_fastdllm --model ckpt/llada-8b --device cuda \
         --dtype bfloat16 --gen-length 256 512
 
@@ -20,17 +24,22 @@ more than one token per step on it; raise ``--init-std`` for peakier random dist
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 
 import fastdllm
 from dlm.model import ModelConfig, Transformer
 from dlm.sampling import generate as baseline_generate
-from experiments.cli import add_run_args, device_of, dtype_of, set_threads
+from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
+from experiments.common import atomic_write_text, git_sha
+from experiments.roofline import call_floor, kinds, machine
 
 PRESETS = {  # random models: (vocab, d_model, layers, heads, kv heads, mlp hidden)
     "tiny": (512, 64, 2, 4, 2, 128),
+    "mid": (32000, 512, 8, 8, 8, 1408),  # the speed issue's mid shape
     "small": (4096, 256, 4, 8, 4, 768),
     "base": (32000, 1024, 8, 16, 8, 2816),
 }
@@ -49,6 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--backend", default="sdpa")
+    p.add_argument("--steps-per-token", type=int, default=1,
+                   help="tokens per step of the top-k variants (a random model never passes a threshold)")
+    p.add_argument("--out", default=None, help="write <out>/<name>.md and .json")
+    p.add_argument("--name", default=None, help="report name (default: the model or preset and gen lengths)")
     args = p.parse_args(argv)
     args.device = str(device_of(args.device))
     return args
@@ -88,34 +101,34 @@ def variants(args):
 
 
 def run_one(model, ids, gen_length, args, kwargs):
+    steps = gen_length // args.steps_per_token
     common = dict(gen_length=gen_length, block_length=args.block_length, backend=args.backend)
     if kwargs is None:
-        out = baseline_generate(model, ids, steps=gen_length, **common)
-        T = ids.shape[1] + gen_length  # every baseline forward: all T columns, head on the block
-        flops = out.stats.nfe * fastdllm.window_flops(model.config, T, T, args.block_length)
+        out = baseline_generate(model, ids, steps=steps, **common)
     else:
-        out = fastdllm.generate(model, ids, steps=gen_length, **common, **kwargs)
-        flops = out.stats.extra["flops"]
-    return out.stats, flops
+        out = fastdllm.generate(model, ids, steps=steps, **common, **kwargs)
+    return out.stats, out.stats.extra["flops"]
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     args = parse_args(argv)
     args.threads = set_threads(args.threads)
     torch.manual_seed(args.seed)
     model = build_model(args)
     ids = random_prompts(model, args)
     cfg = model.config
+    hw = machine(torch.device(args.device), next(model.parameters()).dtype)
     print(f"model: {args.model or args.preset} (d={cfg.d_model}, L={cfg.n_layers}, V={cfg.vocab_size}) "
           f"batch={args.batch_size} prompt={args.prompt_len} block={args.block_length} "
-          f"threshold={args.threshold} device={args.device} dtype={args.dtype}")
+          f"threshold={args.threshold} device={args.device} dtype={args.dtype}; peak "
+          f"{hw['peak_flops'] / 1e9:.1f} GFLOP/s, bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s")
     for _name, kw in variants(args):  # warm-up (allocator, kernels) on a short generation
         run_one(model, ids, args.block_length * 2, args, kw)
     header = f"{'gen':>5} {'variant':<18} {'seconds':>8} {'speedup':>8} {'ideal':>7} {'ratio':>6} " \
-             f"{'NFE':>5} {'tok/step':>8} {'overhead':>8}"
+             f"{'NFE':>5} {'tok/step':>8} {'floor/meas':>10} {'overhead':>8}"
     print(header)
     print("-" * len(header))
-    t0 = time.perf_counter()
+    rows, t0 = [], time.perf_counter()
     for gen_length in args.gen_length:
         base_seconds = base_flops = None
         for name, kw in variants(args):
@@ -123,10 +136,50 @@ def main(argv=None) -> None:
             if base_seconds is None:
                 base_seconds, base_flops = stats.seconds, flops
             speedup, ideal = base_seconds / stats.seconds, base_flops / flops
+            floor = call_floor(model, stats, args.batch_size, hw)
+            rows.append({"gen_length": gen_length, "variant": name, "seconds": stats.seconds, "speedup": speedup,
+                         "flop_ideal": ideal, "ratio": speedup / ideal, "nfe": stats.nfe,
+                         "tokens_per_step": stats.tokens_per_step, "floor_s": floor,
+                         "floor_over_measured": floor / stats.seconds,
+                         "overhead_share": stats.overhead_seconds / stats.seconds,
+                         "kinds": kinds(model, stats, args.batch_size, hw)})
             print(f"{gen_length:>5} {name:<18} {stats.seconds:>8.3f} {speedup:>7.2f}x {ideal:>6.2f}x "
                   f"{speedup / ideal:>6.2f} {stats.nfe:>5} {stats.tokens_per_step:>8.2f} "
-                  f"{stats.overhead_seconds / stats.seconds:>7.1%}")
+                  f"{floor / stats.seconds:>10.2f} {stats.overhead_seconds / stats.seconds:>7.1%}")
     print(f"total {time.perf_counter() - t0:.1f}s")
+    res = {"model": args.model or args.preset, "batch_size": args.batch_size, "prompt_len": args.prompt_len,
+           "block_length": args.block_length, "threshold": args.threshold, "steps_per_token": args.steps_per_token,
+           "device": args.device, "dtype": args.dtype, "threads": args.threads, "machine": hw, "rows": rows,
+           "git_sha": git_sha()}
+    if args.out:
+        name = args.name or f"{Path(str(res['model'])).name}_p{args.prompt_len}_g{'-'.join(map(str, args.gen_length))}"
+        report(res, Path(args.out), name)
+    return res
+
+
+def report(res: dict, out: Path, name: str) -> None:
+    """``<out>/<name>.md``: one row per variant and one per forward kind; ``.json``: everything."""
+    hw = res["machine"]
+    table = [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['speedup']:.2f}x", f"{r['flop_ideal']:.2f}x",
+              f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['overhead_share']:.0%}"]
+             for r in res["rows"]]
+    per_kind = [[r["gen_length"], r["variant"], f"{k['queries']} x {k['keys']}", k["forwards"],
+                 f"{1e3 * k['seconds_each']:.2f}", f"{1e3 * k['floor_each']:.2f}", f"{k['floor_over_measured']:.2f}"]
+                for r in res["rows"] for k in r["kinds"]]
+    md = [f"# Fast-dLLM speed against the roofline: {name}", "",
+          f"{res['model']}, batch {res['batch_size']}, prompt {res['prompt_len']}, block {res['block_length']}, "
+          f"{res['steps_per_token']} token(s) per top-k step, threshold {res['threshold']}; {res['device']} "
+          f"{res['dtype']}, {res['threads']} thread(s); measured matmul peak {hw['peak_flops'] / 1e9:.1f} GFLOP/s, "
+          f"copy bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s; git {res['git_sha']}. One run: every row timed in "
+          "this process. `ideal`: the FLOP-count speed-up; `floor / measured`: the roofline floor (sum over "
+          "forwards of max(FLOPs / peak, bytes / bandwidth)) over the measured time (1 = at the roofline); "
+          "`overhead`: time outside model forwards.", "",
+          *markdown_table(["gen", "variant", "seconds", "speed-up", "ideal", "ratio", "NFE", "floor / measured",
+                           "overhead"], table), "", "Per forward kind (queries x keys):", "",
+          *markdown_table(["gen", "variant", "forward", "n", "ms each", "floor ms", "floor / measured"], per_kind)]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
+    atomic_write_text(out / f"{name}.json", json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

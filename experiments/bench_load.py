@@ -33,37 +33,12 @@ import torch
 
 from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
 from experiments.common import REPO, atomic_write_text, git_sha
+from experiments.roofline import call_floor, machine, sync
 from experiments.strategy import Strategy
 
 STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")
 SHAPES = {"mid": dict(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, mlp_hidden=1408),
           "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64)}
-
-
-def machine(device: torch.device, dtype: torch.dtype, n: int = 1024, mib: int = 256) -> dict:
-    """Measured matmul peak (FLOP/s, an n x n GEMM) and copy bandwidth (bytes/s read + written)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    x = torch.empty(mib * 2**20 // 4, device=device, dtype=torch.float32)
-    y = torch.empty_like(x)
-
-    def best(fn, reps=5) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    return {"peak_flops": 2 * n**3 / best(lambda: a @ b), "bandwidth": 2 * x.numel() * 4 / best(lambda: y.copy_(x))}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def strategy(name: str, gen: int, block: int, random_weights: bool) -> Strategy:
@@ -76,16 +51,6 @@ def strategy(name: str, gen: int, block: int, random_weights: bool) -> Strategy:
             return Strategy("dual_threshold", "dual", "topk", gen, block, steps=gen // 4)
         return Strategy("dual_threshold", "dual", "threshold", gen, block, threshold=0.9)
     return Strategy("bd3lm", "exact", "topk", gen, gen, top_p=1.0).for_bd3(16, "prompt")
-
-
-def floor_seconds(model, stats, batch: int, seq_len: int, hw: dict) -> float:
-    """Roofline floor of one call: max(FLOPs / peak, bytes / bandwidth); the loop counts FLOPs
-    per row (``stats.extra['flops']``), so the batch's are ``batch`` times that."""
-    cfg = model.config
-    elem = next(model.parameters()).element_size()
-    weights = sum(p.numel() for p in model.parameters()) * elem
-    kv = stats.nfe * batch * seq_len * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
-    return max(batch * stats.extra["flops"] / hw["peak_flops"], (stats.nfe * weights + kv) / hw["bandwidth"])
 
 
 def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
@@ -137,12 +102,12 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
             ids, mask = left_pad([pool[i % len(pool)] for i in range(B)], pad)
             ids, mask = ids.to(device), mask.to(device)
             s.run(model, ids[:1], mask[:1])  # warm-up
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             out = s.run(model, ids, mask)
-            _sync(device)
+            sync(device)
             sec = time.perf_counter() - t0
-            floor = floor_seconds(model, out.stats, B, ids.shape[1] + gen, hw)
+            floor = call_floor(model, out.stats, B, hw)
             rows.append({"strategy": name, "batch": B, "seconds": sec, "tokens_per_s": B * gen / sec,
                          "latency_s": sec, "nfe": out.stats.nfe, "flops": out.stats.extra["flops"],
                          "floor_s": floor, "roofline_tokens_per_s": B * gen / floor, "floor_over_measured": floor / sec,

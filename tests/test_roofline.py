@@ -1,0 +1,55 @@
+"""The roofline cost model (experiments.roofline) and the Fast-dLLM benchmark's report on it:
+forwards recorded by kind add up to the call's NFE and FLOPs, the floor is the per-forward max of
+the compute and memory bounds, and the benchmark writes one row per variant and per kind."""
+
+import json
+
+import pytest
+import torch
+
+import fastdllm
+from experiments import bench_fastdllm, roofline
+from tests.tiny import random_prompts, tiny_model
+
+
+def test_forward_kinds_add_up_to_the_call():
+    model = tiny_model()
+    ids = random_prompts(2, 12, model.config)
+    out = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual")
+    st = out.stats
+    kinds = st.forward_kinds  # (queries, keys) -> [n, seconds, FLOPs per row]
+    assert sum(n for n, _, _ in kinds.values()) == st.nfe
+    assert sum(n * f for n, _, f in kinds.values()) == st.extra["flops"]
+    assert set(kinds) == {(28, 28), (8, 28)}  # block-start refreshes and cached dual windows
+    assert sum(s for _, s, _ in kinds.values()) == pytest.approx(st.forward_seconds)
+    hw = {"peak_flops": 1e9, "bandwidth": 1e8}
+    each = {k: roofline.floor_seconds(2 * f, roofline.forward_bytes(model, 2, k[1]), hw) for k, (_, _, f) in kinds.items()}
+    assert roofline.call_floor(model, st, 2, hw) == pytest.approx(sum(kinds[k][0] * each[k] for k in kinds))
+    rows = roofline.kinds(model, st, 2, hw)
+    assert [r["queries"] for r in rows] == [28, 8] and all(r["floor_each"] == each[(r["queries"], r["keys"])] for r in rows)
+
+
+def test_floor_is_the_binding_bound():
+    hw = {"peak_flops": 100.0, "bandwidth": 10.0}
+    assert roofline.floor_seconds(1000, 50, hw) == 10.0  # compute bound
+    assert roofline.floor_seconds(100, 50, hw) == 5.0  # memory bound
+    model = tiny_model()
+    elem = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * elem
+    cfg = model.config
+    assert roofline.forward_bytes(model, 3, 10) == weights + 3 * 10 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+    hw = roofline.machine(torch.device("cpu"), torch.float32, n=64, mib=1)
+    assert hw["peak_flops"] > 0 and hw["bandwidth"] > 0
+
+
+def test_bench_fastdllm_reports_against_the_roofline(tmp_path):
+    res = bench_fastdllm.main(["--preset", "tiny", "--gen-length", "16", "--block-length", "8", "--prompt-len", "8",
+                               "--threads", "1", "--out", str(tmp_path), "--name", "t"])
+    names = [r["variant"] for r in res["rows"]]
+    assert names == ["baseline", "+prefix", "+dual", "+threshold", "+prefix+threshold", "+dual+threshold"]
+    for r in res["rows"]:
+        assert r["floor_s"] > 0 and r["floor_over_measured"] == pytest.approx(r["floor_s"] / r["seconds"])
+        assert sum(k["forwards"] for k in r["kinds"]) == r["nfe"]
+    assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["variant"] == "baseline"
+    md = (tmp_path / "t.md").read_text()
+    assert md.startswith("# Fast-dLLM speed against the roofline") and "| 16 | +dual | 8 x 24 |" in md
