@@ -32,7 +32,6 @@ from torch import Tensor
 from .attention import BACKENDS, key_padding_mask
 from .cache import KVCache
 from .commit import CommitRule, Proposal
-from .model import Transformer
 from .stats import ForwardTimer, SampleStats, forward_flops, tokens_until_eos
 from .validate import PreparedBatch
 
@@ -155,7 +154,7 @@ class Run:
         self._count(start, width, keys, n_head, copies, row_span)
         inp = self.x[:, start:stop] if inputs is None else inputs
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
-        if positions is None and isinstance(self.model, Transformer):  # the run's RoPE tables, computed once
+        if positions is None and hasattr(self.model, "rope_tables"):  # the run's RoPE tables, computed once
             if self._rope is None:
                 self._rope = self.model.rope_tables(self.positions, self.model.embed.weight.dtype)
             kwargs["rope"] = tuple(t[:, :, start:stop] for t in self._rope)

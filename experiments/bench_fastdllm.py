@@ -33,6 +33,7 @@ import torch
 import fastdllm
 from dlm.model import ModelConfig, Transformer
 from dlm.sampling import generate as baseline_generate
+from dlm.compiled import compiled
 from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
 from experiments.common import atomic_write_text, git_sha
 from experiments.roofline import call_floor, kinds, machine
@@ -60,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default="sdpa")
     p.add_argument("--steps-per-token", type=int, default=1,
                    help="tokens per step of the top-k variants (a random model never passes a threshold)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time every variant with the forward under torch.compile (dlm.compiled), tokens checked")
     p.add_argument("--out", default=None, help="write <out>/<name>.md and .json")
     p.add_argument("--name", default=None, help="report name (default: the model or preset and gen lengths)")
     args = p.parse_args(argv)
@@ -100,14 +103,26 @@ def variants(args):
             ("+dual+threshold", {"cache": "dual", **th})]
 
 
-def run_one(model, ids, gen_length, args, kwargs):
+def run_one(model, ids, gen_length, args, kwargs, full: bool = False):
     steps = gen_length // args.steps_per_token
     common = dict(gen_length=gen_length, block_length=args.block_length, backend=args.backend)
     if kwargs is None:
         out = baseline_generate(model, ids, steps=steps, **common)
     else:
         out = fastdllm.generate(model, ids, steps=steps, **common, **kwargs)
-    return out.stats, out.stats.extra["flops"]
+    return out if full else (out.stats, out.stats.extra["flops"])
+
+
+def time_compiled(model, ids, gen_length, args, kwargs, eager) -> dict:
+    """The variant with the compiled forward: the first call (compiles any new graph, timed) and a
+    second one (timed), its tokens compared with the eager call's ``eager`` output."""
+    fast = compiled(model)
+    t0 = time.perf_counter()
+    run_one(fast, ids, gen_length, args, kwargs)
+    first = time.perf_counter() - t0
+    out = run_one(fast, ids, gen_length, args, kwargs, full=True)
+    return {"compiled_seconds": out.stats.seconds, "compile_speedup": eager.stats.seconds / out.stats.seconds,
+            "first_call_seconds": first, "tokens_equal": bool(torch.equal(out.sequences, eager.sequences))}
 
 
 def main(argv=None) -> dict:
@@ -132,7 +147,8 @@ def main(argv=None) -> dict:
     for gen_length in args.gen_length:
         base_seconds = base_flops = None
         for name, kw in variants(args):
-            stats, flops = run_one(model, ids, gen_length, args, kw)
+            out = run_one(model, ids, gen_length, args, kw, full=True)
+            stats, flops = out.stats, out.stats.extra["flops"]
             if base_seconds is None:
                 base_seconds, base_flops = stats.seconds, flops
             speedup, ideal = base_seconds / stats.seconds, base_flops / flops
@@ -143,9 +159,13 @@ def main(argv=None) -> dict:
                          "floor_over_measured": floor / stats.seconds,
                          "overhead_share": stats.overhead_seconds / stats.seconds,
                          "kinds": kinds(model, stats, args.batch_size, hw)})
+            if args.compile:
+                rows[-1].update(time_compiled(model, ids, gen_length, args, kw, out))
             print(f"{gen_length:>5} {name:<18} {stats.seconds:>8.3f} {speedup:>7.2f}x {ideal:>6.2f}x "
                   f"{speedup / ideal:>6.2f} {stats.nfe:>5} {stats.tokens_per_step:>8.2f} "
-                  f"{floor / stats.seconds:>10.2f} {stats.overhead_seconds / stats.seconds:>7.1%}")
+                  f"{floor / stats.seconds:>10.2f} {stats.overhead_seconds / stats.seconds:>7.1%}"
+                  + (f" compiled {rows[-1]['compile_speedup']:.2f}x (first call {rows[-1]['first_call_seconds']:.1f}s, "
+                     f"tokens equal: {rows[-1]['tokens_equal']})" if args.compile else ""))
     print(f"total {time.perf_counter() - t0:.1f}s")
     res = {"model": args.model or args.preset, "batch_size": args.batch_size, "prompt_len": args.prompt_len,
            "block_length": args.block_length, "threshold": args.threshold, "steps_per_token": args.steps_per_token,
@@ -175,7 +195,14 @@ def report(res: dict, out: Path, name: str) -> None:
           "forwards of max(FLOPs / peak, bytes / bandwidth)) over the measured time (1 = at the roofline); "
           "`overhead`: time outside model forwards.", "",
           *markdown_table(["gen", "variant", "seconds", "speed-up", "ideal", "ratio", "NFE", "floor / measured",
-                           "overhead"], table), "", "Per forward kind (queries x keys):", "",
+                           "overhead"], table), "",
+          *(["Compiled forward (`torch.compile`, dynamic shapes) against eager, same tokens:", "",
+             *markdown_table(["gen", "variant", "eager s", "compiled s", "compiled speed-up", "first call s",
+                              "tokens equal"],
+                             [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['compiled_seconds']:.3f}",
+                               f"{r['compile_speedup']:.2f}x", f"{r['first_call_seconds']:.1f}", r["tokens_equal"]]
+                              for r in res["rows"]]), ""] if "compiled_seconds" in res["rows"][0] else []),
+          "Per forward kind (queries x keys):", "",
           *markdown_table(["gen", "variant", "forward", "n", "ms each", "floor ms", "floor / measured"], per_kind)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")

@@ -44,6 +44,7 @@ from bd3lm.policy import ALIGNS, ExactBlockCache
 from bd3lm.sampler import block_layout
 from dlm.ar import ARCache
 from dlm.commit import RULES, Proposal, check_int, check_real, make_rule
+from dlm.compiled import compiled
 from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
 from dlm.sampling import FullSequence, blocks_after
@@ -207,10 +208,14 @@ class Strategy:
     @torch.no_grad()
     def run(self, model, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
             generator: Optional[torch.Generator] = None, callback: Optional[Callback] = None,
-            backend: str = "sdpa") -> GenerateOutput:
-        """Decode after the left-padded prompts ``input_ids`` (B, P) with the one loop."""
+            backend: str = "sdpa", compile: bool = False) -> GenerateOutput:
+        """Decode after the left-padded prompts ``input_ids`` (B, P) with the one loop.
+        ``compile``: the model forward under ``torch.compile`` (:mod:`dlm.compiled`; same tokens)."""
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
         G, L = self.gen_length, self.block
         batch = prepare_batch(model, input_ids, attention_mask, G, None)  # validates before any compute
+        model = compiled(model) if compile else model
         if self.cache in BLOCK_MODELS:
             blocks = block_layout(self.align, batch.prompt_len, G, L, attention_mask)
         else:

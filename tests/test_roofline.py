@@ -53,3 +53,14 @@ def test_bench_fastdllm_reports_against_the_roofline(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["variant"] == "baseline"
     md = (tmp_path / "t.md").read_text()
     assert md.startswith("# Fast-dLLM speed against the roofline") and "| 16 | +dual | 8 x 24 |" in md
+
+
+def test_bench_fastdllm_compile_columns(tmp_path, monkeypatch):
+    """The --compile path's report (the compiler itself is tested in test_compiled.py: here the
+    forward stays eager, so the tokens must be equal)."""
+    monkeypatch.setattr(bench_fastdllm, "compiled", lambda model: model)
+    res = bench_fastdllm.main(["--preset", "tiny", "--gen-length", "16", "--block-length", "8", "--prompt-len", "8",
+                               "--threads", "1", "--compile", "--out", str(tmp_path), "--name", "c"])
+    for r in res["rows"]:
+        assert r["tokens_equal"] and r["compile_speedup"] == pytest.approx(r["seconds"] / r["compiled_seconds"])
+    assert "Compiled forward (`torch.compile`, dynamic shapes) against eager" in (tmp_path / "c.md").read_text()

@@ -1,0 +1,37 @@
+"""Compiled decode (dlm.compiled): the model forward under torch.compile gives the eager tokens
+for a cache-free, an approximate-cache, an exact-cache and the AR strategy, on one compiled model
+(dynamic shapes: one graph for every window kind and start). Slow: TorchInductor compiles C++."""
+
+import pytest
+import torch
+
+from dlm.compiled import compiled
+from experiments.strategy import Strategy
+from tests.tiny import random_prompts, tiny_model
+
+
+@pytest.mark.slow
+def test_compiled_decode_gives_the_eager_tokens():
+    model = tiny_model()
+    ids = random_prompts(2, 10, model.config)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    ids = ids.masked_fill(mask == 0, model.config.pad_token_id)
+    rows = [Strategy("baseline", "none", "topk", 16, 8),
+            Strategy("dual_threshold", "dual", "threshold", 16, 8, threshold=0.2),
+            Strategy("prefix", "prefix", "topk", 16, 8, steps=8),
+            Strategy("ar", "ar", "topk", 16, 1)]
+    for s in rows:
+        eager = s.run(model, ids, mask)
+        fast = s.run(model, ids, mask, compile=True)
+        assert torch.equal(fast.sequences, eager.sequences), s.name
+        assert fast.stats.nfe == eager.stats.nfe
+    assert compiled(model) is compiled(model)  # one wrapper per model: its graphs are reused
+
+
+def test_compile_flag_is_checked_before_compute():
+    model = tiny_model()
+    with pytest.raises(TypeError, match="compile"):
+        Strategy("baseline", "none", "topk", 8, 8).run(model, random_prompts(1, 4, model.config), compile="yes")
+    with pytest.raises(TypeError, match="model"):
+        compiled(object())
