@@ -10,12 +10,13 @@ and the training scripts' held-out evaluation all call it.
 Record: ``id, index, strategy, config_hash, seed, problem, prompt_length, prediction, extracted,
 extracted_flexible, target, correct, correct_flexible, nfe, steps, positions_computed, flops,
 tokens_committed, tokens_until_eos, first_eos_step, tail_before_answer, seconds, batch_rows,
-cost_basis, factors, git_sha, model_weights`` plus the caller's tags. ``problem`` fingerprints
+batch_width, cost_basis, factors, git_sha, model_weights`` plus the caller's tags. ``problem`` fingerprints
 the question and target (a resume over edited data is refused). ``nfe``, ``steps``,
 ``positions_computed``, ``flops`` and ``tokens_committed`` are the row's own
 (``cost_basis: "row"``, :class:`dlm.stats.SampleStats` ``row_*``: the same at any batch size);
 ``seconds`` is the batch's sampler wall time divided among its rows (it does depend on the batch
-size, recorded as ``batch_rows``). Files written before per-row accounting hold batch-level costs
+size, recorded as ``batch_rows``; ``batch_width`` is the batch's padded prompt width, so
+``1 - prompt_length / batch_width`` is the row's padding). Files written before per-row accounting hold batch-level costs
 and are not extended (the committed harness files were converted to ``prediction`` once:
 ``research/convert_records_v2.py``; ``experiments.reproduce`` reads either name).
 """
@@ -34,7 +35,7 @@ import torch
 from dlm.sample import stop_ids
 from dlm.stats import tail_before_answer
 from dlm.tasks import Problem, extract_flexible, extract_strict, is_correct
-from dlm.tasks.evaluate import decode_until_stop, left_pad, wilson_ci
+from dlm.tasks.evaluate import decode_until_stop, left_pad, length_batches, wilson_ci
 from experiments.common import JsonlLog, encode_question, git_sha, rank_log_paths, read_jsonl
 from experiments.strategy import Strategy, factors
 
@@ -104,7 +105,8 @@ def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Proble
             "flops": row["flops"][j], "refreshes": row["refreshes"][j], "tokens_committed": row["tokens"][j],
             "tokens_until_eos": int(st.tokens_until_eos[j]), "first_eos_step": int(first_eos[j]),
             "tail_before_answer": None if math.isnan(tails[j]) else round(tails[j], 4),
-            "seconds": seconds, "batch_rows": len(idx), "cost_basis": "row", "factors": factors(strategy)})
+            "seconds": seconds, "batch_rows": len(idx), "batch_width": P, "cost_basis": "row",
+            "factors": factors(strategy)})
     return records
 
 
@@ -114,7 +116,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
              config_hash: Optional[str] = None, weights: Optional[str] = None, tags: Optional[dict] = None,
              indices: Optional[Sequence[int]] = None, done: Optional[dict] = None,
              clock: Callable[[], float] = time.perf_counter, progress: Optional[Callable[[dict], None]] = None,
-             callback=None) -> list[dict]:
+             callback=None, sort_by_length: bool = False) -> list[dict]:
     """Decode ``problems[indices]`` (default: all) with ``strategy``; returns this call's records.
 
     log: append each batch's records there (a rerun skips the ids already in ``log`` or ``done``;
@@ -124,6 +126,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
     tags: recorded with every sample (plus ``config_hash``, ``seed``, ``git_sha``,
     ``model_weights`` when given). progress(tally) is called after every batch; callback(view)
     after every denoising step (:class:`dlm.sample.StepView`, e.g. for a progress display).
+    sort_by_length: batch prompts of similar length (longest first, :func:`length_batches`) rather
+    than in order; each record keeps its batch's padded width (``batch_width``).
     """
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
@@ -150,8 +154,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
         raise ValueError(f"--out: {'the results' if log is None else log.path} holds samples with batch-level costs "
                          "(written before per-row accounting); extending it would mix the two: use another --out")
     fresh_all: list[dict] = []
-    for lo in range(0, len(order), batch_size):
-        idx = order[lo:lo + batch_size]
+    for batch in length_batches([len(prompts[i]) for i in order], batch_size, sort_by_length):
+        idx = [order[b] for b in batch]
         if all(problems[i].id in done for i in idx):
             continue
         ids, mask = left_pad([prompts[i] for i in idx], pad)  # (b, P) each

@@ -77,6 +77,7 @@ class HarnessConfig:
     device: str
     dtype: str
     threads: Optional[int]
+    sort_prompts: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None,
                    help=f"first N problems (default: all of GSM8K; {DEFAULT_ARITH_N} for arith)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call (default 32)")
+    p.add_argument("--sort-prompts", action="store_true",
+                   help="batch prompts of similar length (longest first) instead of in order: less padding "
+                        "(recorded in the config; each record keeps its batch's padded width)")
     p.add_argument("--seed", type=int, default=0, help="problem set, few-shot draw and sampler noise seed")
     p.add_argument("--no-chat-template", action="store_true",
                    help="use the plain 'Question: ...\\nAnswer:' prompt even if the tokenizer has a chat template")
@@ -168,7 +172,7 @@ def parse_config(argv=None) -> HarnessConfig:
     out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
-                         device, a.dtype, a.threads)
+                         device, a.dtype, a.threads, a.sort_prompts)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -257,6 +261,8 @@ def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, s
               "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch.")}  # auto resolved
     if strategy.family(loaded.model) == "dream":  # the rules that ran (LLaDA's, the default, left out)
         config["rules"] = "dream"
+    if cfg.sort_prompts:  # batches of other rows (left out at the default: older results keep their hashes)
+        config["sort_prompts"] = True
     return Job(strategy, loaded, config, config_hash(config))
 
 
@@ -294,7 +300,7 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         evaluate(job.loaded.model, job.loaded.tokenizer, problems, job.strategy, log, shots=shots,
                  chat_template=job.config["chat_template"], batch_size=cfg.batch_size, seed=cfg.seed,
                  config_hash=job.config_hash, weights=job.loaded.weights, indices=mine, done=done, clock=clock,
-                 progress=progress, callback=on_step)
+                 progress=progress, callback=on_step, sort_by_length=cfg.sort_prompts)
     bar.close()
     distributed.barrier(info)
     if info.is_main and (info.enabled or rank_log_paths(path)):

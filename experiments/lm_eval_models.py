@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-exported)
 from dlm.sampling import eos_ids
-from dlm.tasks.evaluate import left_pad
+from dlm.tasks.evaluate import left_pad, length_batches, padding_waste
 from experiments.cli import dtype_of
 from experiments.common import apply_stop_strings, decode_until_stop
 from experiments.strategy import BLOCK_MODELS, STRATEGY_NAMES, Strategy, resolve
@@ -146,27 +146,31 @@ class DiffusionEvalLM(LM):
 
     # ---------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out: list[str] = []
+        """Batches of similar prompt length (longest first; :func:`length_batches`), answers in
+        request order; the padding share is kept in ``self.padding_waste``."""
         G = self.strategy.gen_length
         keep = self.max_length - G
         tok, stop = self.tokenizer, eos_ids(self.model)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        prompts = [(tok.encode(r.args[0], add_special_tokens=False) or self._start_ids())[-keep:] for r in requests]
+        lengths = [len(p) for p in prompts]
+        batches = length_batches(lengths, self.batch_size)
+        self.padding_waste = padding_waste(lengths, batches)
+        out: list[Optional[str]] = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="generate_until")
-        for lo in range(0, len(requests), self.batch_size):
-            chunk = requests[lo:lo + self.batch_size]
-            prompts = [(tok.encode(r.args[0], add_special_tokens=False) or self._start_ids())[-keep:]
-                       for r in chunk]
-            ids, mask = left_pad(prompts, pad)
-            gen = torch.Generator(device=self._device).manual_seed(self.seed + lo)
+        for idx in batches:
+            ids, mask = left_pad([prompts[i] for i in idx], pad)
+            gen = torch.Generator(device=self._device).manual_seed(self.seed + min(idx))
             res = self.call(self.model, ids.to(self._device), mask.to(self._device), gen)
             P = ids.shape[1]
-            for row, r in enumerate(chunk):
+            for row, i in enumerate(idx):
+                r = requests[i]
                 until = r.args[1].get("until", []) if isinstance(r.args[1], dict) else []
                 until = [until] if isinstance(until, str) else list(until)
                 text = apply_stop_strings(decode_until_stop(tok, res.sequences[row, P:].tolist(), stop), until)
-                out.append(text)
+                out[i] = text
                 self.cache_hook.add_partial("generate_until", r.args, text)
-            bar.update(len(chunk))
+            bar.update(len(idx))
         bar.close()
         return out
 

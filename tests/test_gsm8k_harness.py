@@ -149,6 +149,26 @@ def test_resume_after_kill_matches_uninterrupted_run(ckpt, tmp_path):
         assert key in rec
 
 
+def test_sorted_harness_batches_decode_the_same_tokens(ckpt, tmp_path):
+    runs = {}
+    for name, extra in (("plain", ()), ("sorted", ("--sort-prompts",))):
+        out = tmp_path / name
+        gsm8k.run(gsm8k.parse_config(argv(ckpt, out, "--strategies", "baseline_semiar", "--batch-size", "3", *extra)),
+                  clock=FakeClock())
+        runs[name] = {r["id"]: r for r in read_jsonl(out / "baseline_semiar.jsonl")}
+    plain, sorted_ = runs["plain"], runs["sorted"]
+    assert plain.keys() == sorted_.keys()
+    assert all(plain[i]["prediction"] == sorted_[i]["prediction"] for i in plain)  # greedy: batch-independent
+    assert {r["config_hash"] for r in plain.values()} != {r["config_hash"] for r in sorted_.values()}
+    for recs in runs.values():
+        assert all(r["batch_width"] >= r["prompt_length"] for r in recs.values())
+
+    def waste(recs):
+        return 1 - sum(r["prompt_length"] for r in recs.values()) / sum(r["batch_width"] for r in recs.values())
+
+    assert waste(sorted_) <= waste(plain)
+
+
 def test_rerun_skips_done_ids_and_merge_dedups(ckpt, tmp_path):
     out = tmp_path / "o"
     run(ckpt, out)

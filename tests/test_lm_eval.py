@@ -18,6 +18,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from dlm import save_model  # noqa: E402
 from dlm.model import Transformer  # noqa: E402
 from dlm.sampling import GenerateOutput, generate  # noqa: E402
+from dlm.tasks.evaluate import length_batches, padding_waste  # noqa: E402
 from experiments import lm_eval_models as lem  # noqa: E402
 from tiny import tokenizer_model  # noqa: E402
 
@@ -68,6 +69,30 @@ def test_generate_until_cuts_at_eos_then_stop_strings(ckpts):
     out = lm.generate_until([request("generate_until", "Question: a\nAnswer:", {"until": ["Question:", "</s>"]}),
                              request("generate_until", "Question: b\nAnswer:", {"until": "Question:"})])
     assert out == [" 3 + 4 = 7\n#### 7\n\n", " 5 - 2 = 3"]
+
+
+def test_generate_until_batches_by_length_and_answers_in_request_order(ckpts):
+    lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), gen_length=16, block_length=8, batch_size=2,
+                            dtype="float64")
+    tok, eos = lm.tokenizer, lm.tokenizer.eos_token_id
+    seen = []
+
+    def stub(model, ids, mask, generator):  # answers each row with its own prompt length
+        lengths = mask.sum(-1).tolist()
+        seen.append(lengths)
+        rows = [tok.encode(f" {n}", add_special_tokens=False) for n in lengths]
+        G = max(len(r) for r in rows)
+        gen = torch.tensor([r + [eos] * (G - len(r)) for r in rows])
+        return GenerateOutput(torch.cat([ids.cpu(), gen], dim=1), None, None)
+
+    lm.call = stub
+    prompts = ["Question: a\nAnswer:", "Question: 1 + 2 + 3 + 4 + 5\nAnswer:", "Question: 7\nAnswer:",
+               "Question: 1 + 2 + 3\nAnswer:"]
+    lengths = [len(tok.encode(p, add_special_tokens=False)) for p in prompts]
+    out = lm.generate_until([request("generate_until", p, {"until": []}) for p in prompts])
+    assert [o.strip() for o in out] == [str(n) for n in lengths]  # each answer back at its request
+    assert seen == [sorted(lengths, reverse=True)[:2], sorted(lengths, reverse=True)[2:]]  # longest first
+    assert lm.padding_waste == pytest.approx(padding_waste(lengths, length_batches(lengths, 2)))
 
 
 def test_model_args_build_one_strategy(ckpts):

@@ -1,10 +1,11 @@
-"""Evaluation helpers shared by the entry points: left padding, decoding up to the first stop id,
+"""Evaluation helpers shared by the entry points: left padding (and batches of similar prompt
+lengths, with the padding they waste), decoding up to the first stop id,
 the Wilson interval and the exact McNemar test (the evaluation loop is ``experiments.evaluate``)."""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -18,6 +19,22 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
         ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, P - len(r):] = 1
     return ids, mask
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, sort: bool = True) -> list[list[int]]:
+    """Indices into ``lengths`` grouped into batches of ``batch_size``: longest prompts first
+    (stable) when ``sort``, so a left-padded batch holds prompts of similar length; else in order."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if sort else list(range(len(lengths)))
+    return [order[lo:lo + batch_size] for lo in range(0, len(order), batch_size)]
+
+
+def padding_waste(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of the prompt columns of left-padded ``batches`` that are padding:
+    1 - sum of lengths / sum over batches of (rows x longest prompt)."""
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    return 1.0 - sum(lengths[i] for b in batches for i in b) / padded if padded else 0.0
 
 
 def decode_until_stop(tokenizer, ids: list[int], stop_ids: Iterable[int]) -> str:
