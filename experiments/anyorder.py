@@ -10,10 +10,11 @@ Countdown with 3 numbers (``countdown/cd3_test.jsonl``), the reversal task's hel
 its KV cache (``ar``); the diffusion model decoded as pure diffusion (one block, one token per
 step, most confident first: ``pure``) and semi-autoregressively (blocks of 8: ``semiar``), and,
 with ``--adapted``, the AR model continued as a diffusion model (Dream's recipe) decoded the same
-two ways (``dream``, ``dreamsa``). The checkers verify answers (a valid grid; a true chain of
+two ways (``dream``, ``dreamsa``), and with ``--arlong`` the AR model continued as AR for the same
+extra tokens (``arlong``: the AR row with the adapted model's training budget). The checkers verify answers (a valid grid; a true chain of
 equations). Per-sample results go to ``<out>/<task>_<row>.jsonl`` (resumable); ``<out>/table.md``
 / ``table.json`` hold accuracy with Wilson 95% CIs and exact McNemar tests on the shared problems
-(each diffusion row vs AR, semi-AR vs pure).
+(each diffusion row vs AR, semi-AR vs pure, the adapted model vs ``arlong``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after":
          "reversal_before": reversal.check}
 # generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail)
 GEN = {"sudoku": 32, "countdown": 48, "reversal_after": 40, "reversal_before": 40}
-ROWS = ("ar", "pure", "semiar", "dream", "dreamsa")
-MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "adapted": ("dream", "dreamsa")}
-PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "dream": "ar", "dreamsa": "dream"}
+ROWS = ("ar", "pure", "semiar", "arlong", "dream", "dreamsa")
+MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "arlong": ("arlong",), "adapted": ("dream", "dreamsa")}
+PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "arlong": "ar", "dream": "arlong", "dreamsa": "dream"}
 
 
 def test_set(name: str, n: int) -> list:
@@ -57,8 +58,8 @@ def test_set(name: str, n: int) -> list:
 def strategy(row: str, gen: int) -> Strategy:
     """AR with its KV cache, or LLaDA's low-confidence decoding (one token per step) in one block
     (``pure``, ``dream``) or blocks of 8 (``semiar``, ``dreamsa``), whatever the model's family."""
-    if row == "ar":
-        return Strategy("ar", "ar", "topk", gen, 1, stop_at_eos=True)
+    if row in ("ar", "arlong"):
+        return Strategy(row, "ar", "topk", gen, 1, stop_at_eos=True)
     return Strategy(row, "none", "topk", gen, gen if row in ("pure", "dream") else 8, rules="llada")
 
 
@@ -83,7 +84,8 @@ def run_row(model, tok, pairs, check, row: str, gen: int, log: JsonlLog, batch_s
 def run(args) -> None:
     set_threads(args.threads)
     out = Path(args.out)
-    models = {"ar": args.ar, "mdm": args.mdm, **({"adapted": args.adapted} if args.adapted else {})}
+    models = {"ar": args.ar, "mdm": args.mdm, **({"arlong": args.arlong} if args.arlong else {}),
+              **({"adapted": args.adapted} if args.adapted else {})}
     names = ["reversal_after", "reversal_before"] if args.task == "reversal" else [args.task]
     for kind, path in models.items():
         model, tok = load_model(path, dtype=torch.float32)
@@ -122,8 +124,9 @@ def report(out: Path) -> dict:
                           vs if p_val is not None else "-", "-" if p_val is None else f"{p_val:.2g} ({bc})"])
     md = ["# Any-order tasks: AR vs masked diffusion, same size, same data, same tokens", "",
           "`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
-          "per step (most confident first); `semiar`: the same in blocks of 8; `dream` / `dreamsa`: the AR model "
-          "continued as a diffusion model (Dream's recipe), decoded as `pure` / `semiar`. Answers verified by the task's "
+          "per step (most confident first); `semiar`: the same in blocks of 8; `arlong`: the AR model trained on as AR "
+          "for the extra tokens of `dream` / `dreamsa`: the AR model continued as a diffusion model (Dream's recipe), "
+          "decoded as `pure` / `semiar`. Answers verified by the task's "
           f"checker; Wilson 95% CI; exact McNemar on the shared problems (b/c: only the other row / only this row "
           f"right). Samples: {sample_shas(out)}.", "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
@@ -139,6 +142,7 @@ def main(argv=None) -> None:
     p.add_argument("--ar", help="the AR model's checkpoint")
     p.add_argument("--mdm", help="the masked-diffusion model's checkpoint")
     p.add_argument("--adapted", help="optional: the AR model continued as a diffusion model (Dream's recipe)")
+    p.add_argument("--arlong", help="optional: the AR model continued as AR for the adapted model's extra tokens")
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--out", default=str(REPO / "results" / "anyorder"))

@@ -220,12 +220,14 @@ def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool
     jobs = []
     for task in ANYORDER_TASKS:
         runs = {"ar": ("ar", None, ANYORDER_STEPS), "diffusion": ("diffusion", None, ANYORDER_STEPS)}
-        if task in ANYORDER_ADAPTED:  # Dream's recipe: the AR model continued as a diffusion model
-            runs["adapted"] = ("diffusion", "ar", ANYORDER_ADAPT_STEPS)
+        if task in ANYORDER_ADAPTED:  # Dream's recipe: the AR model continued as a diffusion model, and
+            runs["adapted"] = ("diffusion", "ar", ANYORDER_ADAPT_STEPS)  # as AR for as many tokens
+            runs["arlong"] = ("ar", "ar", ANYORDER_ADAPT_STEPS)
         model = {name: f"{ck}/anyorder-{task}-{name}" for name in runs}
         for name, (obj, init, steps) in runs.items():
             what = {"ar": "autoregressive", "diffusion": "masked diffusion",
-                    "adapted": "the AR model adapted to masked diffusion (Dream's recipe)"}[name]
+                    "adapted": "the AR model adapted to masked diffusion (Dream's recipe)",
+                    "arlong": "the AR model trained on as AR for the adapted model's extra tokens"}[name]
             jobs.append(Job(f"train_anyorder_{task}_{name}", "experiments.train_anyorder",
                             ("--task", task, "--objective", obj, "--out", f"{work}/anyorder/{task}-{name}",
                              "--steps", steps, *(("--init", model[init]) if init else ())),
@@ -233,11 +235,11 @@ def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool
                             cost_min=steps / 120, training=True, after=(f"train_anyorder_{task}_{init}",) if init else (),
                             export=(f"{work}/anyorder/{task}-{name}/model", model[name])))
         names = ("reversal_after", "reversal_before") if task == "reversal" else (task,)
-        rows = ("ar", "pure", "semiar") + (("dream", "dreamsa") if "adapted" in runs else ())
+        rows = ("ar", "pure", "semiar") + (("arlong", "dream", "dreamsa") if "adapted" in runs else ())
         samples = tuple(f"anyorder/{n}_{r}.jsonl" for n in names for r in rows)
         jobs.append(Job(f"anyorder_{task}", "experiments.anyorder",
                         ("--task", task, "--ar", model["ar"], "--mdm", model["diffusion"],
-                         *(("--adapted", model["adapted"]) if "adapted" in runs else ()),
+                         *(("--adapted", model["adapted"], "--arlong", model["arlong"]) if "adapted" in runs else ()),
                          "--n", _cap(300, limit), "--out", f"{out}/anyorder"),
                         f"any-order samples: {task}, AR vs pure / semi-AR diffusion", samples, samples,
                         after=tuple(f"train_anyorder_{task}_{m}" for m in runs) if full else (),

@@ -116,9 +116,10 @@ def test_harness_runs_and_reports(tmp_path):
     with pytest.raises(ValueError, match="tokenizer"):  # an AR model of another task cannot be adapted
         train(["--task", "sudoku", "--objective", "diffusion", "--init", str(ar), "--out", str(tmp_path / "x"), *small])
     anyorder.main(["--task", "countdown", "--ar", str(ar), "--mdm", str(tmp_path / "diffusion" / "model"),
-                   "--adapted", str(tmp_path / "adapted" / "model"), "--n", "4", "--out", str(tmp_path / "res")])
+                   "--adapted", str(tmp_path / "adapted" / "model"), "--arlong", str(ar), "--n", "4",
+                   "--out", str(tmp_path / "res")])
     table = (tmp_path / "res" / "table.md").read_text()
-    for row in ("ar", "pure", "semiar", "dream", "dreamsa"):
+    for row in ("ar", "pure", "semiar", "arlong", "dream", "dreamsa"):
         assert f"| countdown | {row} | 4 |" in table
     with pytest.raises(ValueError, match="required"):
         anyorder.main(["--task", "sudoku"])
