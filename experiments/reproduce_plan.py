@@ -253,6 +253,12 @@ def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool
                     "throughput under load: tokens/s and latency vs batch size, AR + KV cache vs the diffusion "
                     "samplers, with the measured roofline and the crossover batch (timing: run it alone)",
                     tuple(f"bench_load/embedded_g256.{e}" for e in ("md", "json", "png")), cost_min=10))
+    jobs.append(Job("bench_load_mid", "experiments.bench_load",
+                    ("--shape", "mid", "--batches", 1, 8, 32, 64, "--gen-length", 64, "--skip-after", 120,
+                     "--out", f"{out}/bench_load"),
+                    "throughput under load at the mid shape (d 512, 8 layers, vocab 32000, random weights), 64 tokens "
+                    "per sequence; a strategy's larger batches are skipped once a call takes 2 min (timing: run it alone)",
+                    tuple(f"bench_load/mid_g64.{e}" for e in ("md", "json", "png")), cost_min=12))
     return jobs
 
 

@@ -33,3 +33,14 @@ def test_tiny_shape_runs_and_reports(tmp_path):
 def test_bad_flags(argv, word, tmp_path):
     with pytest.raises(ValueError, match=word):
         bench_load.main(["--shape", "tiny", "--out", str(tmp_path), *argv])
+
+
+def test_skip_after_drops_a_slow_strategys_larger_batches(tmp_path):
+    res = bench_load.main(["--shape", "tiny", "--batches", "1", "2", "4", "--gen-length", "16", "--block-length", "8",
+                           "--threads", "1", "--strategies", "ar", "baseline", "--skip-after", "1e-9",
+                           "--out", str(tmp_path)])
+    assert {(r["strategy"], r["batch"]) for r in res["rows"]} == {("ar", 1), ("baseline", 1)}
+    assert res["skipped"] == [{"strategy": s, "batch": b} for s in ("ar", "baseline") for b in (2, 4)]
+    assert "Not run (a smaller batch took over 1e-09 s): baseline at batch 4." in (tmp_path / "tiny_g16.md").read_text()
+    with pytest.raises(ValueError, match="--skip-after"):
+        bench_load.main(["--shape", "tiny", "--skip-after", "0"])
