@@ -5,7 +5,8 @@
     with SDPA; FlexAttention too where it has a backward (CUDA). On CPU FlexAttention runs
     eagerly and has no backward, so its row is forward-only (and says so).
 (b) sampling: exact KV cache vs the uncached block-causal reference (rerun the whole prefix
-    at every step) at total lengths 512 and 1024, next to the FLOP-count ideal speed-up.
+    at every step) at total lengths 512 and 1024, next to the FLOP-count ideal speed-up and
+    each call's roofline floor (:mod:`experiments.roofline`, peak and bandwidth measured here).
 
     python -m experiments.bench_bd3lm            # small random model, ~1-2 min CPU
     python -m experiments.bench_bd3lm --model runs/bd3/model --device cuda
@@ -29,6 +30,7 @@ from bd3lm.masks import dense_bd3_mask, num_columns
 from dlm.model import ModelConfig, Transformer
 from dlm.stats import forward_flops
 from experiments.cli import add_run_args, device_of, dtype_of, set_threads
+from experiments.roofline import call_floor, machine
 
 
 def parse_args(argv=None):
@@ -130,7 +132,8 @@ def flop_ratios(cfg, L: int, bs: int) -> dict:
 def bench_sampling(model, args) -> dict:
     cfg = model.config
     bs = args.block_size
-    out = {}
+    hw = machine(torch.device(args.device), next(model.parameters()).dtype)
+    out = {"machine": hw}
     for length in args.lengths:
         prompt = torch.randint(4, cfg.mask_token_id, (args.sample_batch, bs), device=args.device,
                                generator=torch.Generator(device=args.device).manual_seed(1))
@@ -142,8 +145,10 @@ def bench_sampling(model, args) -> dict:
                          stop_at_eos=False, use_cache=use_cache)
             sync(args.device)
             key = "cached" if use_cache else "uncached"
-            row[key] = {"seconds": time.perf_counter() - t0, "nfe": res.stats.nfe,
-                        "positions": res.stats.positions_computed, "flops": res.stats.extra["flops"]}
+            sec = time.perf_counter() - t0
+            floor = call_floor(model, res.stats, args.sample_batch, hw)
+            row[key] = {"seconds": sec, "nfe": res.stats.nfe, "positions": res.stats.positions_computed,
+                        "flops": res.stats.extra["flops"], "floor_s": floor, "floor_over_measured": floor / sec}
         row["speedup"] = row["uncached"]["seconds"] / row["cached"]["seconds"]
         row["flop_ideal_speedup"] = row["uncached"]["flops"] / row["cached"]["flops"]
         out[str(length)] = row
@@ -172,8 +177,11 @@ def main(argv=None) -> dict:
     samp = bench_sampling(model, args)
     print(f"(b) sampling, {args.steps_per_block} steps per block of {args.block_size}, batch {args.sample_batch}")
     for length, r in samp.items():
-        print(f"    length {length:>5s}: cached {r['cached']['seconds']:6.2f} s ({r['cached']['nfe']} nfe)  "
-              f"uncached {r['uncached']['seconds']:6.2f} s ({r['uncached']['nfe']} nfe)  "
+        if length == "machine":
+            continue
+        print(f"    length {length:>5s}: cached {r['cached']['seconds']:6.2f} s ({r['cached']['nfe']} nfe, floor / measured "
+              f"{r['cached']['floor_over_measured']:.2f})  uncached {r['uncached']['seconds']:6.2f} s "
+              f"({r['uncached']['nfe']} nfe, floor / measured {r['uncached']['floor_over_measured']:.2f})  "
               f"speed-up {r['speedup']:.2f}x  (FLOP ideal {r['flop_ideal_speedup']:.2f}x)")
     result = {"training": train, "sampling": samp, "args": vars(args)}
     if args.json:

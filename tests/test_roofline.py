@@ -64,3 +64,15 @@ def test_bench_fastdllm_compile_columns(tmp_path, monkeypatch):
     for r in res["rows"]:
         assert r["tokens_equal"] and r["compile_speedup"] == pytest.approx(r["seconds"] / r["compiled_seconds"])
     assert "Compiled forward (`torch.compile`, dynamic shapes) against eager" in (tmp_path / "c.md").read_text()
+
+
+def test_bench_bd3lm_reports_the_exact_cache_against_the_roofline():
+    from experiments import bench_bd3lm
+
+    res = bench_bd3lm.main(["--d-model", "32", "--layers", "1", "--vocab", "64", "--train-len", "32", "--train-batch",
+                            "1", "--block-size", "8", "--lengths", "32", "--reps", "1", "--threads", "1"])
+    row = res["sampling"]["32"]
+    for key in ("cached", "uncached"):
+        assert row[key]["floor_s"] > 0
+        assert row[key]["floor_over_measured"] == pytest.approx(row[key]["floor_s"] / row[key]["seconds"])
+    assert row["cached"]["flops"] < row["uncached"]["flops"]  # the exact cache removes compute
