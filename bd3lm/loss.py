@@ -41,7 +41,7 @@ from dlm.attention import padding_positions
 from .masks import check_layout, dense_bd3_mask, flex_bd3_mask
 from .schedules import NOISE_R, NOISE_U, UNCLIPPED, ClipSchedule, block_masks, draw_noise
 
-BACKENDS = ("sdpa", "math", "flex")
+BACKENDS = ("sdpa", "math", "flex", "blocksparse")
 
 
 def model_config(model):

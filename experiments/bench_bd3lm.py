@@ -2,7 +2,8 @@
 
 (a) training step (forward + backward) of the vectorized ``x_t ⊕ x_0`` NELBO (block size L')
     vs MDLM (the same code with L' = L: one block, no clean half) on the same model and batch,
-    with SDPA; FlexAttention too where it has a backward (CUDA). On CPU FlexAttention runs
+    with SDPA over the dense mask and with the ``blocksparse`` backend (SDPA on the mask's nonzero
+    blocks only); FlexAttention too where it has a backward (CUDA). On CPU FlexAttention runs
     eagerly and has no backward, so its row is forward-only (and says so).
 (b) sampling: exact KV cache vs the uncached block-causal reference (rerun the whole prefix
     at every step) at total lengths 512 and 1024, next to the FLOP-count ideal speed-up and
@@ -90,12 +91,12 @@ def bench_training(model, args) -> dict:
     batch = {"input_ids": x}
     out = {}
     flex_backward = torch.device(args.device).type == "cuda"
-    for backend in ("sdpa", "flex"):
+    for backend in ("sdpa", "blocksparse", "flex"):
         res = {}
         for name, bs in (("bd3", args.block_size), ("mdlm", args.train_len)):
             obj = BD3Objective(bs, backend=backend)
             noise = obj.sample_noise(batch, g)
-            if backend == "sdpa" or flex_backward:
+            if backend != "flex" or flex_backward:
                 def step():
                     loss, _ = obj(model, {**batch, **noise}, None)
                     loss.backward()
@@ -106,7 +107,7 @@ def bench_training(model, args) -> dict:
                         bd3_nelbo(model, {**batch, **noise}, bs, backend=backend)
             res[name] = timed(step, args.reps, args.device)
         res["ratio_bd3_over_mdlm"] = res["bd3"] / res["mdlm"]
-        res["mode"] = "fwd+bwd" if backend == "sdpa" or flex_backward else "forward only (no flex backward on CPU)"
+        res["mode"] = "fwd+bwd" if backend != "flex" or flex_backward else "forward only (no flex backward on CPU)"
         out[backend] = res
     L, bs = args.train_len, args.block_size
     out["columns_ratio"] = (2 * L - bs) / L  # pruned [x_t | x_0 minus last block] vs [x_t]
@@ -170,7 +171,7 @@ def main(argv=None) -> dict:
     print(f"(a) training step, batch {args.train_batch} x L={args.train_len}, L'={args.block_size} "
           f"(columns {train['columns_ratio']:.2f}x MDLM; FLOPs {train['flop_ratio_dense']:.2f}x with dense "
           f"attention, {train['flop_ratio_sparse']:.2f}x over the allowed pairs only)")
-    for backend in ("sdpa", "flex"):
+    for backend in ("sdpa", "blocksparse", "flex"):
         r = train[backend]
         print(f"    {backend:5s} [{r['mode']}]: bd3 {r['bd3'] * 1e3:8.1f} ms  mdlm {r['mdlm'] * 1e3:8.1f} ms  "
               f"ratio {r['ratio_bd3_over_mdlm']:.2f}x")
