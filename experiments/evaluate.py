@@ -116,7 +116,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
              config_hash: Optional[str] = None, weights: Optional[str] = None, tags: Optional[dict] = None,
              indices: Optional[Sequence[int]] = None, done: Optional[dict] = None,
              clock: Callable[[], float] = time.perf_counter, progress: Optional[Callable[[dict], None]] = None,
-             callback=None, sort_by_length: bool = False) -> list[dict]:
+             callback=None, sort_by_length: bool = False, compile: bool = False) -> list[dict]:
     """Decode ``problems[indices]`` (default: all) with ``strategy``; returns this call's records.
 
     log: append each batch's records there (a rerun skips the ids already in ``log`` or ``done``;
@@ -127,7 +127,9 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
     ``model_weights`` when given). progress(tally) is called after every batch; callback(view)
     after every denoising step (:class:`dlm.sample.StepView`, e.g. for a progress display).
     sort_by_length: batch prompts of similar length (longest first, :func:`length_batches`) rather
-    than in order; each record keeps its batch's padded width (``batch_width``).
+    than in order; each record keeps its batch's padded width (``batch_width``). compile: the
+    model forward under ``torch.compile`` (:mod:`dlm.compiled`: same tokens, the first batches pay
+    the compile time in their ``seconds``).
     """
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
@@ -163,7 +165,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + idx[0])
         _sync(device)
         t0 = clock()
-        out = strategy.run(model, ids, mask, generator=gen, callback=callback)  # sequences (b, P + G)
+        out = strategy.run(model, ids, mask, generator=gen, callback=callback, compile=compile)  # (b, P + G)
         _sync(device)
         seconds = (clock() - t0) / len(idx)
         fresh = [{**r, **tail} for r in make_records(tokenizer, model, strategy, problems, idx, out, mask,

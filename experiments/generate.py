@@ -302,6 +302,8 @@ def parser(description: str = __doc__) -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     p = parser()
     p.add_argument("--stream", action="store_true", help="print each block of the answer once it is final")
+    p.add_argument("--compile", action="store_true",
+                   help="run the model forward under torch.compile (same tokens; the first call compiles)")
     args = p.parse_args(argv)
     run = setup(p, args)
     model, tok, strategy = run.model, run.tokenizer, run.strategy
@@ -314,11 +316,11 @@ def main(argv=None) -> None:
         print(text if tok is not None else f"prompt ids: {ids[0].tolist()}\nanswer ids:", end="", flush=True)
         stream = AnswerStream(tok, model.config.eos_token_id, lambda s: print(s, end="", flush=True))
         final = FinalBlocks(model.config.mask_token_id, P, lambda b, blk: stream.push(blk[0].tolist()))
-        out = strategy.run(model, ids, generator=gen, callback=final)
+        out = strategy.run(model, ids, generator=gen, callback=final, compile=args.compile)
         stream.finish(out.sequences[0, P:].tolist())
         print()
     else:
-        out = strategy.run(model, ids, generator=gen)
+        out = strategy.run(model, ids, generator=gen, compile=args.compile)
     dt = time.perf_counter() - t0
     answer = out.sequences[0, P:]
     n = int(out.stats.tokens_until_eos[0])

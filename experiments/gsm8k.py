@@ -78,6 +78,7 @@ class HarnessConfig:
     dtype: str
     threads: Optional[int]
     sort_prompts: bool = False
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None,
                    help=f"first N problems (default: all of GSM8K; {DEFAULT_ARITH_N} for arith)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call (default 32)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the model forward under torch.compile (same tokens; timings include compiling)")
     p.add_argument("--sort-prompts", action="store_true",
                    help="batch prompts of similar length (longest first) instead of in order: less padding "
                         "(recorded in the config; each record keeps its batch's padded width)")
@@ -172,7 +175,7 @@ def parse_config(argv=None) -> HarnessConfig:
     out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
-                         device, a.dtype, a.threads, a.sort_prompts)
+                         device, a.dtype, a.threads, a.sort_prompts, a.compile)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -300,7 +303,7 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         evaluate(job.loaded.model, job.loaded.tokenizer, problems, job.strategy, log, shots=shots,
                  chat_template=job.config["chat_template"], batch_size=cfg.batch_size, seed=cfg.seed,
                  config_hash=job.config_hash, weights=job.loaded.weights, indices=mine, done=done, clock=clock,
-                 progress=progress, callback=on_step, sort_by_length=cfg.sort_prompts)
+                 progress=progress, callback=on_step, sort_by_length=cfg.sort_prompts, compile=cfg.compile)
     bar.close()
     distributed.barrier(info)
     if info.is_main and (info.enabled or rank_log_paths(path)):
