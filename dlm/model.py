@@ -14,7 +14,7 @@ at column ``s > 0`` on such a model must start it one column earlier (see ``fast
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -201,6 +201,18 @@ class Transformer(nn.Module):
     def head_weight(self) -> Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    def body(self, input_ids: Tensor, cos: Tensor, sin: Tensor, attn_mask: MaskLike, backend: str,
+             cache: Optional[KVCache], start: int, commit: bool) -> Tensor:
+        """Embedding, blocks and final norm of the window (its K/V written into ``cache``), then
+        Dream's shift: (B, W) ids -> (B, W, d) hidden states, column ``i`` predicting token ``i``."""
+        x = self.embed(input_ids)  # (B, W, d)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, attn_mask, backend, cache, i, start, commit)
+        x = self.norm(x)  # (B, W, d)
+        if self.config.shift_logits:
+            x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
+        return x
+
     def forward(
         self,
         input_ids: Tensor,
@@ -214,6 +226,7 @@ class Transformer(nn.Module):
         logits_slice: Optional[slice] = None,
         return_hidden: bool = False,
         rope: Optional[tuple[Tensor, Tensor]] = None,
+        body: Optional[Callable[..., Tensor]] = None,
     ) -> Tensor:
         """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``.
 
@@ -223,6 +236,8 @@ class Transformer(nn.Module):
         logits_slice: compute the LM head only on these window columns (saves the vocab matmul).
         rope: the window's precomputed ``rope_cos_sin(positions, ...)`` tables, (B, 1, W, D) each
         (a sampler computes them once per call; ``positions`` is then not read).
+        body: a stand-in for :meth:`body` with its signature (:mod:`dlm.compiled` passes the
+        compiled one; the checks, the cache's length and the LM head stay here, eager).
         Returns (B, W', V) logits (aligned to predicted tokens) or hidden states if requested.
         """
         B, W = input_ids.shape
@@ -234,15 +249,10 @@ class Transformer(nn.Module):
             cache.check_window(start, W)
         elif start != 0 or commit:
             raise ValueError("start/commit need a cache")
-        x = self.embed(input_ids)  # (B, W, d)
-        cos, sin = self.rope_tables(positions, x.dtype) if rope is None else rope
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn_mask, backend, cache, i, start, commit)
+        cos, sin = self.rope_tables(positions, self.embed.weight.dtype) if rope is None else rope
+        x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start, commit)  # (B, W, d)
         if cache is not None and commit:
             cache.advance(start + W)
-        x = self.norm(x)  # (B, W, d)
-        if self.config.shift_logits:
-            x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
         if logits_slice is not None:
             x = x[:, logits_slice]
         if return_hidden:
