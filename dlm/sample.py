@@ -119,11 +119,13 @@ class Run:
         return copies * forward_flops(self._dense, cfg.n_layers, cfg.d_model, q, k, cfg.vocab_size, n_head)
 
     def _count(self, start: int, width: int, keys: int, n_head: int, copies: int,
-               row_span: Optional[tuple[Tensor, Tensor]] = None) -> None:
+               row_span: Optional[tuple[Tensor, Tensor]] = None) -> int:
         """One forward's cost: the batch's (padded width) and each active row's (real columns of
-        its window: ``row_span`` (starts (B,), stops (B,)) when given, else the batch's)."""
+        its window: ``row_span`` (starts (B,), stops (B,)) when given, else the batch's). Returns the
+        forward's FLOPs per row of the batch."""
         st = self.stats
-        st.extra["flops"] += self._flops(width, keys, n_head, copies)
+        flops = self._flops(width, keys, n_head, copies)
+        st.extra["flops"] += flops
         q, k = self._real(start, start + width), self._real(0, keys)  # keys are columns [0, keys)
         if row_span is not None:
             lo, hi = row_span  # (B,) each
@@ -133,6 +135,7 @@ class Run:
         st.row_nfe += on
         st.row_positions += on * q
         st.row_flops += on * self._flops(q, k, n_head, copies)
+        return flops
 
     def new_cache(self) -> KVCache:
         self.cache = KVCache.for_model(self.model, self.x.shape[0], self.x.shape[1])
@@ -151,14 +154,14 @@ class Run:
         width = stop - start
         keys = width if self.cache is None else self.cache.key_len(start, width)
         n_head = 0 if head is None else len(range(width)[head])
-        self._count(start, width, keys, n_head, copies, row_span)
+        flops = self._count(start, width, keys, n_head, copies, row_span)
         inp = self.x[:, start:stop] if inputs is None else inputs
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
         if positions is None and hasattr(self.model, "rope_tables"):  # the run's RoPE tables, computed once
             if self._rope is None:
                 self._rope = self.model.rope_tables(self.positions, self.model.embed.weight.dtype)
             kwargs["rope"] = tuple(t[:, :, start:stop] for t in self._rope)
-        with self.timer(width, keys, self._flops(width, keys, n_head, copies)):
+        with self.timer(width, (keys, n_head), flops):
             return self.model(inp, positions=self.positions[:, start:stop] if positions is None else positions,
                               attn_mask=attn, backend=self.backend,
                               logits_slice=slice(0, 0) if head is None else head, **kwargs)

@@ -26,8 +26,8 @@ class SampleStats:
         so a row's costs do not depend on the batch it ran in: row_nfe, row_steps,
         row_positions, row_flops, row_tokens (answer columns the row committed), row_refreshes
         (steps whose forward recomputed all of the row's columns: the cache policy's refreshes).
-    forward_kinds: ``(query columns, key columns) -> [forwards, seconds, FLOPs per row]``: the
-        forwards by shape (a block-start refresh, a cached window), for per-kind rooflines.
+    forward_kinds: ``(query columns, key columns, LM-head columns) -> [forwards, seconds, FLOPs per
+        row]``: the forwards by shape (a block-start refresh, a cached window), for per-kind rooflines.
     """
 
     nfe: int = 0
@@ -58,7 +58,7 @@ class SampleStats:
     def as_dict(self) -> dict:
         out = {k: v.tolist() if isinstance(v, Tensor) else v for k, v in self.__dict__.items()
                if k not in ("extra", "forward_kinds") and v is not None}
-        out["forward_kinds"] = [[q, k, *v] for (q, k), v in self.forward_kinds.items()]
+        out["forward_kinds"] = [[*kind, *v] for kind, v in self.forward_kinds.items()]
         out["tokens_per_step"] = self.tokens_per_step
         out.update(self.extra)
         return out
@@ -72,14 +72,14 @@ class ForwardTimer:
         self._t0 = 0.0
         self._kind: Optional[list] = None
 
-    def __call__(self, n_positions: int, keys: Optional[int] = None, flops: int = 0) -> "ForwardTimer":
-        """One forward of ``n_positions`` query columns (over ``keys`` key columns, costing
-        ``flops`` per row: recorded by kind in ``stats.forward_kinds`` when ``keys`` is given)."""
+    def __call__(self, n_positions: int, kind: Optional[tuple[int, int]] = None, flops: int = 0) -> "ForwardTimer":
+        """One forward of ``n_positions`` query columns; ``kind``: its (key columns, LM-head
+        columns), recorded with ``flops`` per row in ``stats.forward_kinds`` when given."""
         self.stats.nfe += 1
         self.stats.positions_computed += n_positions
         self._kind = None
-        if keys is not None:
-            self._kind = self.stats.forward_kinds.setdefault((n_positions, keys), [0, 0.0, flops])
+        if kind is not None:
+            self._kind = self.stats.forward_kinds.setdefault((n_positions, *kind), [0, 0.0, flops])
             self._kind[0] += 1
         return self
 

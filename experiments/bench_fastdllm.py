@@ -183,7 +183,7 @@ def report(res: dict, out: Path, name: str) -> None:
     table = [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['speedup']:.2f}x", f"{r['flop_ideal']:.2f}x",
               f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['overhead_share']:.0%}"]
              for r in res["rows"]]
-    per_kind = [[r["gen_length"], r["variant"], f"{k['queries']} x {k['keys']}", k["forwards"],
+    per_kind = [[r["gen_length"], r["variant"], f"{k['queries']} x {k['keys']}, head {k['head']}", k["forwards"],
                  f"{1e3 * k['seconds_each']:.2f}", f"{1e3 * k['floor_each']:.2f}", f"{k['floor_over_measured']:.2f}"]
                 for r in res["rows"] for k in r["kinds"]]
     md = [f"# Fast-dLLM speed against the roofline: {name}", "",
@@ -202,7 +202,7 @@ def report(res: dict, out: Path, name: str) -> None:
                              [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['compiled_seconds']:.3f}",
                                f"{r['compile_speedup']:.2f}x", f"{r['first_call_seconds']:.1f}", r["tokens_equal"]]
                               for r in res["rows"]]), ""] if "compiled_seconds" in res["rows"][0] else []),
-          "Per forward kind (queries x keys):", "",
+          "Per forward kind (query columns x key columns, LM-head columns):", "",
           *markdown_table(["gen", "variant", "forward", "n", "ms each", "floor ms", "floor / measured"], per_kind)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")

@@ -60,16 +60,16 @@ def floor_seconds(flops: float, n_bytes: float, hw: dict) -> float:
 
 def call_floor(model, stats, batch: int, hw: dict) -> float:
     """Floor of one sampler call, summed over its forwards by kind (``stats.forward_kinds``:
-    ``(queries, keys) -> [n, seconds, FLOPs per row]``)."""
+    ``(queries, keys, head columns) -> [n, seconds, FLOPs per row]``)."""
     return sum(n * floor_seconds(batch * flops, forward_bytes(model, batch, keys), hw)
-               for (_q, keys), (n, _s, flops) in stats.forward_kinds.items())
+               for (_q, keys, _h), (n, _s, flops) in stats.forward_kinds.items())
 
 
 def kinds(model, stats, batch: int, hw: dict) -> list[dict]:
     """Per forward kind: count, measured seconds per forward, floor per forward, floor / measured."""
     out = []
-    for (q, keys), (n, sec, flops) in sorted(stats.forward_kinds.items(), key=lambda kv: -kv[0][0]):
+    for (q, keys, head), (n, sec, flops) in sorted(stats.forward_kinds.items(), key=lambda kv: (-kv[0][0], -kv[0][2])):
         floor = floor_seconds(batch * flops, forward_bytes(model, batch, keys), hw)
-        out.append({"queries": q, "keys": keys, "forwards": n, "seconds_each": sec / n, "floor_each": floor,
+        out.append({"queries": q, "keys": keys, "head": head, "forwards": n, "seconds_each": sec / n, "floor_each": floor,
                     "floor_over_measured": floor * n / sec if sec else None})
     return out

@@ -17,16 +17,17 @@ def test_forward_kinds_add_up_to_the_call():
     ids = random_prompts(2, 12, model.config)
     out = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual")
     st = out.stats
-    kinds = st.forward_kinds  # (queries, keys) -> [n, seconds, FLOPs per row]
+    kinds = st.forward_kinds  # (queries, keys, head columns) -> [n, seconds, FLOPs per row]
     assert sum(n for n, _, _ in kinds.values()) == st.nfe
     assert sum(n * f for n, _, f in kinds.values()) == st.extra["flops"]
-    assert set(kinds) == {(28, 28), (8, 28)}  # block-start refreshes and cached dual windows
+    assert set(kinds) == {(28, 28, 8), (8, 28, 8)}  # block-start refreshes and cached dual windows
     assert sum(s for _, s, _ in kinds.values()) == pytest.approx(st.forward_seconds)
     hw = {"peak_flops": 1e9, "bandwidth": 1e8}
     each = {k: roofline.floor_seconds(2 * f, roofline.forward_bytes(model, 2, k[1]), hw) for k, (_, _, f) in kinds.items()}
     assert roofline.call_floor(model, st, 2, hw) == pytest.approx(sum(kinds[k][0] * each[k] for k in kinds))
     rows = roofline.kinds(model, st, 2, hw)
-    assert [r["queries"] for r in rows] == [28, 8] and all(r["floor_each"] == each[(r["queries"], r["keys"])] for r in rows)
+    assert [r["queries"] for r in rows] == [28, 8]
+    assert all(r["floor_each"] == each[(r["queries"], r["keys"], r["head"])] for r in rows)
 
 
 def test_floor_is_the_binding_bound():
@@ -52,7 +53,7 @@ def test_bench_fastdllm_reports_against_the_roofline(tmp_path):
         assert sum(k["forwards"] for k in r["kinds"]) == r["nfe"]
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["variant"] == "baseline"
     md = (tmp_path / "t.md").read_text()
-    assert md.startswith("# Fast-dLLM speed against the roofline") and "| 16 | +dual | 8 x 24 |" in md
+    assert md.startswith("# Fast-dLLM speed against the roofline") and "| 16 | +dual | 8 x 24, head 8 |" in md
 
 
 def test_bench_fastdllm_compile_columns(tmp_path, monkeypatch):
@@ -76,3 +77,25 @@ def test_bench_bd3lm_reports_the_exact_cache_against_the_roofline():
         assert row[key]["floor_s"] > 0
         assert row[key]["floor_over_measured"] == pytest.approx(row[key]["floor_s"] / row[key]["seconds"])
     assert row["cached"]["flops"] < row["uncached"]["flops"]  # the exact cache removes compute
+
+
+def test_kinds_of_the_same_shape_but_another_head_are_apart():
+    """BD3-LM's exact cache runs each block's window twice: denoising (LM head on the block) and
+    the clean commit (no head). Same shape, different FLOPs: two kinds."""
+    from bd3lm import sample
+
+    model = tiny_model()
+    out = sample(model, random_prompts(1, 4, model.config), block_size=4, max_length=16, steps_per_block=2,
+                 stop_at_eos=False, use_cache=True)
+    kinds = out.stats.forward_kinds
+    assert any(h == 0 for _, _, h in kinds) and any(h == 4 for _, _, h in kinds)
+    for (q, k, h), (n, _, f) in kinds.items():
+        assert f == roofline_flops(model, q, k, h)
+    assert sum(n * f for n, _, f in kinds.values()) == out.stats.extra["flops"]
+
+
+def roofline_flops(model, q, k, h):
+    from dlm.stats import forward_flops
+
+    cfg = model.config
+    return forward_flops(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model, q, k, cfg.vocab_size, h)
