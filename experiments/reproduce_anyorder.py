@@ -1,4 +1,5 @@
-"""The any-order and load jobs of ``experiments.reproduce`` (``docs/anyorder.md``)."""
+"""The any-order, load and speed jobs of ``experiments.reproduce`` (``docs/anyorder.md``,
+``docs/speed.md``)."""
 
 from __future__ import annotations
 
@@ -56,4 +57,10 @@ def anyorder_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool
                     "throughput under load at the mid shape (d 512, 8 layers, vocab 32000, random weights), 64 tokens "
                     "per sequence; a strategy's larger batches are skipped once a call takes 2 min (timing: run it alone)",
                     tuple(f"bench_load/mid_g64.{e}" for e in ("md", "json", "png")), cost_min=12))
+    for shape, model in (("mid", ("--preset", "mid")), ("embedded", ("--model", f"{ck}/llada-arith"))):
+        jobs.append(Job(f"speed_{shape}", "experiments.bench_fastdllm",
+                        (*model, "--prompt-len", 200, "--gen-length", 256, "--threads", 1, "--compile",
+                         "--out", f"{out}/speed", "--name", f"{shape}_p200_g256"),
+                        f"Fast-dLLM speed against the roofline, {shape} shape, eager and compiled (timing: run it alone)",
+                        tuple(f"speed/{shape}_p200_g256.{e}" for e in ("md", "json")), cost_min=12 if shape == "mid" else 2))
     return jobs
