@@ -72,16 +72,14 @@ class KVCache:
         if start + width > self.max_len:
             raise ValueError(f"window end {start + width} exceeds cache max_len={self.max_len}")
 
-    def layer_kv(
-        self, layer: int, k_new: Tensor, v_new: Tensor, start: int, commit: bool
-    ) -> tuple[Tensor, Tensor]:
+    def layer_kv(self, layer: int, k_new: Tensor, v_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """Keys/values over columns ``[0, key_len)`` with the window's fresh ones written in place.
 
         k_new, v_new: (B, H, W, D). Returns views (B, H, key_len, D) of the storage. Where ``keep``
         is set (per row and column, e.g. the columns a delayed policy has cached), the window reads
-        the cached K/V instead of the fresh ones, which are not written. ``commit`` does not change
-        the write (see the module docstring); the model extends ``length`` after a committing
-        forward.
+        the cached K/V instead of the fresh ones, which are not written. A committing forward and a
+        scratch one write alike (see the module docstring); the model extends ``length`` after a
+        committing forward.
         """
         width = k_new.shape[2]
         stop = start + width

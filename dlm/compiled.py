@@ -4,7 +4,7 @@ The loop, the cache policies and the commit rules stay eager Python, and so do t
 forward's checks, the cache's length and the LM head (its column slice changes with every block).
 Only :meth:`dlm.model.Transformer.body` is compiled (TorchInductor: fused RMSNorm / RoPE / SiLU
 kernels, fewer Python dispatches), with *dynamic* shapes (``dynamic=True``): one graph per kind of
-call (no cache; a committing or a scratch cached window; masked or not) serves every width and
+call (with or without a cache, masked or not) serves every width and
 every window start. The cache is written in place inside the graph
 (:meth:`dlm.cache.KVCache.layer_kv`), so a compiled forward reads and writes the same storage as
 an eager one and the tokens are equal (tested). CUDA graphs (``mode="reduce-overhead"``) are not

@@ -134,14 +134,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: MaskLike, backend: str,
-                cache: Optional[KVCache], layer: int, start: int, commit: bool) -> Tensor:
+                cache: Optional[KVCache], layer: int, start: int) -> Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            k, v = cache.layer_kv(layer, k, v, start, commit)  # (B, Hkv, K, D)
+            k, v = cache.layer_kv(layer, k, v, start)  # (B, Hkv, K, D)
         out = attend(q, k, v, mask, backend)  # (B, Hq, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -165,8 +165,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, backend, cache, layer, start, commit) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, backend, cache, layer, start, commit)
+    def forward(self, x, cos, sin, mask, backend, cache, layer, start) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, backend, cache, layer, start)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -202,12 +202,12 @@ class Transformer(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def body(self, input_ids: Tensor, cos: Tensor, sin: Tensor, attn_mask: MaskLike, backend: str,
-             cache: Optional[KVCache], start: int, commit: bool) -> Tensor:
+             cache: Optional[KVCache], start: int) -> Tensor:
         """Embedding, blocks and final norm of the window (its K/V written into ``cache``), then
         Dream's shift: (B, W) ids -> (B, W, d) hidden states, column ``i`` predicting token ``i``."""
         x = self.embed(input_ids)  # (B, W, d)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn_mask, backend, cache, i, start, commit)
+            x = layer(x, cos, sin, attn_mask, backend, cache, i, start)
         x = self.norm(x)  # (B, W, d)
         if self.config.shift_logits:
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
@@ -231,7 +231,8 @@ class Transformer(nn.Module):
         """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``.
 
         positions: (B, W) RoPE positions (default ``start + arange(W)``).
-        cache: read K/V of other columns from it; write this window's K/V when ``commit``.
+        cache: read K/V of other columns from it and write this window's into it; ``commit`` keeps them
+        valid (extends the cache's length), otherwise they are scratch (:mod:`dlm.cache`).
         attn_mask: bool, broadcastable to (B, 1, W, K) with K = cache key length (or W).
         logits_slice: compute the LM head only on these window columns (saves the vocab matmul).
         rope: the window's precomputed ``rope_cos_sin(positions, ...)`` tables, (B, 1, W, D) each
@@ -250,7 +251,7 @@ class Transformer(nn.Module):
         elif start != 0 or commit:
             raise ValueError("start/commit need a cache")
         cos, sin = self.rope_tables(positions, self.embed.weight.dtype) if rope is None else rope
-        x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start, commit)  # (B, W, d)
+        x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start)  # (B, W, d)
         if cache is not None and commit:
             cache.advance(start + W)
         if logits_slice is not None:
