@@ -103,14 +103,15 @@ def variants(args):
             ("+dual+threshold", {"cache": "dual", **th})]
 
 
-def run_one(model, ids, gen_length, args, kwargs, full: bool = False):
+def run_one(model, ids, gen_length, args, kwargs):
+    """One call of the variant (``kwargs`` None: the LLaDA baseline): its GenerateOutput."""
     steps = gen_length // args.steps_per_token
     common = dict(gen_length=gen_length, block_length=args.block_length, backend=args.backend)
     if kwargs is None:
         out = baseline_generate(model, ids, steps=steps, **common)
     else:
         out = fastdllm.generate(model, ids, steps=steps, **common, **kwargs)
-    return out if full else (out.stats, out.stats.extra["flops"])
+    return out
 
 
 def time_compiled(model, ids, gen_length, args, kwargs, eager) -> dict:
@@ -120,7 +121,7 @@ def time_compiled(model, ids, gen_length, args, kwargs, eager) -> dict:
     t0 = time.perf_counter()
     run_one(fast, ids, gen_length, args, kwargs)
     first = time.perf_counter() - t0
-    out = run_one(fast, ids, gen_length, args, kwargs, full=True)
+    out = run_one(fast, ids, gen_length, args, kwargs)
     return {"compiled_seconds": out.stats.seconds, "compile_speedup": eager.stats.seconds / out.stats.seconds,
             "first_call_seconds": first, "tokens_equal": bool(torch.equal(out.sequences, eager.sequences))}
 
@@ -147,7 +148,7 @@ def main(argv=None) -> dict:
     for gen_length in args.gen_length:
         base_seconds = base_flops = None
         for name, kw in variants(args):
-            out = run_one(model, ids, gen_length, args, kw, full=True)
+            out = run_one(model, ids, gen_length, args, kw)
             stats, flops = out.stats, out.stats.extra["flops"]
             if base_seconds is None:
                 base_seconds, base_flops = stats.seconds, flops
