@@ -228,13 +228,16 @@ class Strategy:
 # ------------------------------------------------------------------------------------- grids
 def table1(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
            factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
-    """Fast-dLLM's Table 1 line-up (baseline full / semi-AR, each cache and rule) plus BD3-LM."""
+    """Fast-dLLM's Table 1 line-up (baseline full / semi-AR, each cache and rule) plus BD3-LM, and the
+    semi-AR baseline stopped at the first block holding EOS as BD3-LM is (``baseline_semiar_eos``):
+    it tells the speed of stopping early apart from the speed of BD3-LM's exact cache."""
     base = Strategy("baseline_semiar", gen_length=gen_length, block_length=block_length, steps=steps,
                     temperature=temperature, rules=rules)
     thr = dict(rule="threshold", threshold=threshold)
     return (
         replace(base, name="baseline_full", block_length=None),
         base,
+        replace(base, name="baseline_semiar_eos", stop_at_eos=True),
         replace(base, name="fastdllm_prefix", cache="prefix"),
         replace(base, name="fastdllm_dual", cache="dual"),
         replace(base, name="fastdllm_threshold", **thr),
@@ -276,7 +279,7 @@ def caches(gen_length: int = 256, block_length: int = 32, steps: Optional[int] =
 SWEEP = {"threshold": (0.5, 0.7, 0.8, 0.9, 0.95, 0.99), "factor": (0.5, 1.0, 2.0, 4.0),
          "block_length": (8, 16, 32, 64, 128), "tolerance": (0.02, 0.05, 0.1, 0.2, 0.5),
          "refresh_every": (2, 4, 8)}
-SWEEP_CACHES = {"prefix": {}, "dual": {}, "delayed": {}, "adaptive": {"tolerance": 0.1},
+SWEEP_CACHES = {"none": {}, "prefix": {}, "dual": {}, "delayed": {}, "adaptive": {"tolerance": 0.1},
                 "adaptive_nb": {"tolerance": 0.1, "every_block": False}}
 
 
@@ -285,16 +288,19 @@ def _tag(x: float) -> str:
 
 
 def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = None, threshold: float = 0.9,
-          factor: float = 1.0, temperature: float = 0.0, rules: str = "auto") -> tuple[Strategy, ...]:
+          factor: float = 1.0, temperature: float = 0.0, rules: str = "auto",
+          caches: Sequence[str] = tuple(SWEEP_CACHES)) -> tuple[Strategy, ...]:
     """Accuracy-vs-throughput curves: per cache policy (``SWEEP_CACHES``) the threshold rule over
     ``SWEEP["threshold"]``, the factor rule over ``SWEEP["factor"]``, the block length over
     ``SWEEP["block_length"]`` (threshold ``threshold``), the adaptive caches' tolerance over
     ``SWEEP["tolerance"]`` and the others' extra refresh every ``SWEEP["refresh_every"]`` steps;
     cells ``sw_<cache>_thr<t>`` / ``_f<f>`` / ``_b<L>`` / ``_tol<x>`` / ``_re<k>`` (numbers
     with ``p`` for the point: ``sw_dual_thr0p9``).
-    The block lengths that do not divide ``gen_length`` are left out."""
+    The block lengths that do not divide ``gen_length`` are left out. ``caches``: the keys of
+    ``SWEEP_CACHES`` swept (grid ``sweep_fastdllm``: Fast-dLLM's three, none / prefix / dual)."""
     cells = []
-    for cache, knobs in SWEEP_CACHES.items():
+    for cache in caches:
+        knobs = SWEEP_CACHES[cache]
         base = Strategy(f"sw_{cache}", cache.removesuffix("_nb"), "threshold", gen_length, block_length, steps,
                         threshold, temperature=temperature, rules=rules, **knobs)
         cells += [replace(base, name=f"{base.name}_thr{_tag(t)}", threshold=t) for t in SWEEP["threshold"]]
@@ -304,7 +310,7 @@ def sweep(gen_length: int = 256, block_length: int = 32, steps: Optional[int] = 
                   if gen_length % L == 0 and L != block_length and (steps is None or steps % (gen_length // L) == 0)]
         if cache.startswith("adaptive"):
             cells += [replace(base, name=f"{base.name}_tol{_tag(x)}", tolerance=x) for x in SWEEP["tolerance"]]
-        else:
+        elif cache != "none":
             cells += [replace(base, name=f"{base.name}_re{k}", refresh_every=k) for k in SWEEP["refresh_every"]]
     return tuple(cells)
 
@@ -316,7 +322,13 @@ def autoregressive(gen_length: int = 256, block_length: int = 32, steps: Optiona
     return ar, replace(ar, name="ar_eos", stop_at_eos=True)
 
 
-GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sweep, "autoregressive": autoregressive}
+def sweep_fastdllm(**numbers) -> tuple[Strategy, ...]:
+    """:func:`sweep` over Fast-dLLM's cache modes only: none, prefix, dual."""
+    return sweep(**numbers, caches=("none", "prefix", "dual"))
+
+
+GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sweep,
+         "sweep_fastdllm": sweep_fastdllm, "autoregressive": autoregressive}
 STRATEGY_NAMES = tuple(s.name for grid in GRIDS.values() for s in grid())
 
 
