@@ -7,13 +7,11 @@ Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model) and wr
 - ``table.md`` / ``table.csv`` / ``table.json``: Fast-dLLM Table 1 layout, one row per strategy:
   accuracy % with a seeded 95% bootstrap CI (1000 resamples), throughput (generated tokens up
   to and including the first EOS / wall-clock seconds of generation), speed-up vs the baseline
-  row (when it is absent, the header, the column and ``meta.speedup_note`` name the row used
-  instead), NFE per sample, NFE per generated token, tokens committed per denoising step,
-  positions computed per generated token, n, batch size (``batch_rows``: throughput depends on
-  it; when the rows ran at different batch sizes the header says so and every throughput cell
-  names its batch size);
-- ``pareto.png``: accuracy vs throughput (log x) with CI error bars, Pareto front highlighted
-  and labelled;
+  row (when absent, the header and ``meta.speedup_note`` name the row used instead), NFE per
+  sample and per generated token, tokens per step, positions computed per generated token, n,
+  batch size (``batch_rows``; mixed sizes are flagged and named in every throughput cell);
+  Below it, the Pareto front and the fastest row not significantly less accurate than the baseline;
+- ``pareto.png``: accuracy vs throughput (log x), CI error bars, one line per cache, front highlighted;
 - ``ablation.md`` / ``ablation.csv``: main effects of cache x parallel decoding x stop_at_eos x
   block size on log throughput (and on accuracy), from an additive least-squares fit over the
   factor cells of the baseline / fastdllm rows (rows with identical levels averaged into one
@@ -238,7 +236,7 @@ def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed:
             "batch_rows": {r.strategy: r.batch_rows for r in rows}, "mixed_batch_rows": mixed_batches(rows),
             "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
             "config_hashes": {r.strategy: r.config_hashes for r in rows},
-            "run_config": run_cfg.get("strategies", {})}
+            "run_config": run_cfg.get("strategies", {}), "frontier": frontier(rows, base.strategy if base else None)}
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -277,6 +275,34 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
                      f"{test} | {_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
+    return "\n".join(lines) + "\n" + render_frontier(rows, meta)
+
+
+def frontier(rows: Sequence[Row], reference: Optional[str], alpha: float = 0.05) -> dict:
+    """The Pareto front (no row both faster and more accurate) in throughput order, and the fastest
+    row whose accuracy is not significantly below the reference row's (exact McNemar p > ``alpha``,
+    or at least as accurate)."""
+    front = sorted(pareto_front([(r.tokens_per_second, r.accuracy) for r in rows]),
+                   key=lambda i: rows[i].tokens_per_second)
+    base = next((r for r in rows if r.strategy == reference), None)
+    kept = [r for r in rows if base is not None and (r is base or r.accuracy >= base.accuracy
+                                                    or not r.mcnemar_p <= alpha)]
+    best = max(kept, key=lambda r: r.tokens_per_second, default=None)
+    return {"front": [rows[i].strategy for i in front], "fastest_not_worse": best.strategy if best else None,
+            "alpha": alpha}
+
+
+def render_frontier(rows: Sequence[Row], meta: dict) -> str:
+    info, by = meta["frontier"], {r.strategy: r for r in rows}
+    lines = ["", "## Pareto frontier (accuracy vs tokens/s)", "",
+             "| strategy | accuracy % | tokens/s | speed-up | McNemar p |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {100 * by[n].accuracy:.1f} | {by[n].tokens_per_second:.1f} | {_fmt(by[n].speedup, '.2f')}x | "
+              f"{_fmt(by[n].mcnemar_p, '.2g')} |" for n in info["front"]]
+    if info["fastest_not_worse"]:
+        r = by[info["fastest_not_worse"]]
+        lines += ["", f"Fastest row not significantly less accurate than {meta['speedup_reference']} (exact McNemar "
+                      f"p > {info['alpha']}, or as accurate): **{r.strategy}**, {100 * r.accuracy:.1f}%, "
+                      f"{_fmt(r.speedup, '.2f')}x."]
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ from typing import Optional
 
 from experiments.jobs import Job, _cap
 from experiments.reproduce_anyorder import anyorder_jobs
+from experiments.reproduce_chain import chain_jobs
 
 #: a held-out problem of the embedded task (``generate_problems(..., split="test", seed=0)[0]``)
 #: block sizes of the embedded BD3-LM models (bd3lm-arith-<L'>); the GSM8K tables use L'=16
@@ -242,10 +243,11 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
 
     gen512 = ("baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
               "fastdllm_dual_threshold", "bd3lm")
-    gsm = [  # (dir, n, gen, shots, strategies, cost)
-        ("gsm8k_arith_256", 64, 256, 0, ("table1",), 10.9),
+    table1 = ("baseline_full", *gen512[:-1], "fastdllm_factor", "fastdllm_prefix_threshold", "bd3lm")
+    gsm = [  # (dir, n, gen, shots, strategies, cost); table1 as it was before baseline_semiar_eos
+        ("gsm8k_arith_256", 64, 256, 0, table1, 10.9),
         ("gsm8k_arith_512", 32, 512, 0, gen512, 17.0),
-        ("gsm8k_arith_256_4shot", 64, 256, 4, ("table1",), 20.0),
+        ("gsm8k_arith_256_4shot", 64, 256, 4, table1, 20.0),
         ("gsm8k_arith_512_4shot", 32, 512, 4, gen512, 18.0),
     ]
     for d, n, gen, shots, strategies, cost in gsm:
@@ -276,6 +278,7 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
 
     jobs += dream_jobs(out, work, ck, limit, full)
     jobs += anyorder_jobs(out, work, ck, limit, full)
+    jobs += chain_jobs(out, work, ck, limit, full)
     ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
     jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),
                     "perplexity ladder eval: NELBO PPL, MC ELBO cross-check, Var(NELBO) per schedule",

@@ -127,3 +127,33 @@ def test_paired_mcnemar_against_the_baseline_counts_shared_problems():
     assert bc == "3/2"  # ids 1, 2, 7 only the base solves; 3, 6 only the other; id 99 is not shared
     assert p == mcnemar_exact(3, 2)
     assert paired_test(base, base) == (1.0, "0/0")
+
+
+def test_frontier_and_fastest_not_worse_match_brute_force():
+    """The front: rows no other row beats on both throughput and accuracy; the fastest row not
+    significantly worse: the fastest among the reference, rows at least as accurate, and p > 0.05."""
+    import itertools
+    import random
+
+    from experiments.report import Row, frontier
+
+    rng = random.Random(0)
+    for trial in range(200):
+        rows = [Row(f"s{i}", 100, rng.choice([0.5, 0.6, 0.7, 0.8]), 0, 1, rng.choice([1.0, 2.0, 3.0, 5.0, 8.0]),
+                    1.0, 1, 1, 1, 1, 1, {}, "", "", mcnemar_p=rng.choice([0.001, 0.04, 0.2, 1.0]))
+                for i in range(rng.randint(1, 7))]
+        got = frontier(rows, "s0")
+        dominated = {a.strategy for a, b in itertools.permutations(rows, 2)
+                     if b.tokens_per_second >= a.tokens_per_second and b.accuracy >= a.accuracy
+                     and (b.tokens_per_second, b.accuracy) != (a.tokens_per_second, a.accuracy)}
+        front = {r.strategy for r in rows} - dominated
+        assert set(got["front"]) <= front and {(r.tokens_per_second, r.accuracy) for r in rows
+                                               if r.strategy in got["front"]} == \
+            {(r.tokens_per_second, r.accuracy) for r in rows if r.strategy in front}, trial
+        speeds = [next(r for r in rows if r.strategy == n).tokens_per_second for n in got["front"]]
+        assert speeds == sorted(speeds)
+        ok = [r for r in rows if r.strategy == "s0" or r.accuracy >= rows[0].accuracy or r.mcnemar_p > 0.05]
+        assert got["fastest_not_worse"] in {r.strategy for r in ok}
+        assert next(r for r in rows if r.strategy == got["fastest_not_worse"]).tokens_per_second == \
+            max(r.tokens_per_second for r in ok)
+    assert frontier(rows, "absent")["fastest_not_worse"] is None
