@@ -43,13 +43,13 @@ from torch import Tensor
 from bd3lm.policy import ALIGNS, ExactBlockCache
 from bd3lm.sampler import block_layout
 from dlm.ar import ARCache
-from dlm.commit import RULES, Proposal, check_int, check_real, make_rule
+from dlm.commit import RULES, check_int, check_real
 from dlm.compiled import compiled
 from dlm.dream import DreamProposal, dream_rule
 from dlm.sample import Callback, GenerateOutput, denoise
 from dlm.sampling import FullSequence, blocks_after
 from dlm.validate import check_blocks, prepare_batch
-from fastdllm.dream import RULE_SETS, dream_block_rule, resolve_rules
+from fastdllm.dream import RULE_SETS, block_sampler, resolve_rules
 from fastdllm.policies import cache_policy
 
 
@@ -140,8 +140,7 @@ class Strategy:
             raise ValueError(f"strategy {self.name}: {', '.join(dream_options)} are options of Dream's rules "
                              "(rules='dream' or rule='dream')")
         for family in ("llada", "dream") if self.rules == "auto" else (self.rules,):
-            self.commit_rule(family)  # validates rule, threshold, factor, steps, Dream's options
-            self.proposal(family)  # validates temperature, remasking, top_p, top_k
+            self.sampler(family)  # validates rule, threshold, factor, steps, sampling and Dream's options
         if self.cache == "none" and (self.delay is not None or self.tolerance is not None or not self.every_block):
             raise ValueError(f"strategy {self.name}: delay / tolerance / every_block are options of the "
                              "delayed / adaptive caches")
@@ -174,22 +173,30 @@ class Strategy:
         return resolve_rules(self.rules, model)
 
     def commit_rule(self, family: str = "llada"):
-        if self.rule == "dream":
-            return dream_rule(self.steps_per_block, self.alg or "entropy", 1e-3 if self.eps is None else self.eps,
-                              self.alg_temp, "row")
-        if family == "dream" and self.rule in DREAM_BLOCK_RULES and self.cache not in BLOCK_MODELS:
-            return dream_block_rule(self.rule, self.steps_per_block, self.threshold, self.factor,
-                                    1e-3 if self.eps is None else self.eps, self.alg_temp, self.cache)
-        if self.alg is not None and self.rule != "dream":
-            raise ValueError(f"strategy {self.name}: alg is an option of rule='dream'")
-        return make_rule(self.rule, self.steps_per_block, self.threshold, self.factor)
+        return self.sampler(family)[0]
 
     def proposal(self, family: str = "llada"):
-        if self.rule == "dream" or family == "dream":
+        return self.sampler(family)[1]
+
+    def sampler(self, family: str = "llada"):
+        """(commit rule, proposal) under ``family``'s rules: Dream's own sampler for rule ``dream``,
+        else Fast-dLLM's family rules (:func:`fastdllm.dream.block_sampler`; the LLaDA ones for
+        the block-diffusion and AR policies)."""
+        if self.rule == "dream":
             if self.remasking != "low_confidence":
                 raise ValueError(f"strategy {self.name}: remasking is an option of the LLaDA rules")
-            return DreamProposal(self.temperature, self.top_p, self.top_k)
-        return Proposal(self.temperature, self.remasking, self.top_p)
+            return (dream_rule(self.steps_per_block, self.alg or "entropy", 1e-3 if self.eps is None else self.eps,
+                               self.alg_temp, "row"), DreamProposal(self.temperature, self.top_p, self.top_k))
+        if self.alg is not None:
+            raise ValueError(f"strategy {self.name}: alg is an option of rule='dream'")
+        if family == "dream" and (self.rule not in DREAM_BLOCK_RULES or self.cache in BLOCK_MODELS):
+            family = "llada"
+        try:
+            return block_sampler(family, self.rule, self.steps_per_block, self.threshold, self.factor,
+                                 self.temperature, self.remasking, self.top_p, self.top_k, self.eps, self.alg_temp,
+                                 self.cache)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"strategy {self.name}: {e}") from None
 
     def policy(self, family: str = "llada"):
         return POLICIES[self.cache](self, family == "dream")
@@ -221,7 +228,8 @@ class Strategy:
         else:
             blocks = blocks_after(batch.prompt_len, G, L)
         family = self.family(model)
-        return denoise(model, batch, blocks, self.policy(family), self.commit_rule(family), self.proposal(family),
+        rule, proposal = self.sampler(family)
+        return denoise(model, batch, blocks, self.policy(family), rule, proposal,
                        stop_at_eos=self.stop_at_eos, generator=generator, backend=backend, callback=callback)
 
 

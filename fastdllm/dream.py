@@ -28,8 +28,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dlm.commit import CommitRule, make_rule
-from dlm.dream import DreamSchedule
+from dlm.commit import CommitRule, Proposal, check_sampling, make_rule
+from dlm.dream import DreamProposal, DreamSchedule
 
 RULE_SETS = ("auto", "llada", "dream")
 
@@ -93,3 +93,29 @@ def dream_block_rule(rule: str, steps_per_block: int, threshold: Optional[float]
     if rule not in ("threshold", "factor"):
         raise ValueError(f"the Dream block rules are 'topk', 'threshold' and 'factor', got {rule!r}")
     return FirstColumn(make_rule(rule, steps_per_block, threshold, factor))
+
+
+def block_sampler(family: str, rule: str, steps_per_block: int, threshold: Optional[float] = None,
+                  factor: Optional[float] = None, temperature: float = 0.0, remasking: str = "low_confidence",
+                  top_p: Optional[float] = None, top_k: Optional[int] = None, eps: Optional[float] = None,
+                  alg_temp: Optional[float] = None, cache: Optional[str] = None):
+    """(commit rule, proposal) of Fast-dLLM's ``family`` (``"llada"`` / ``"dream"``) for ``rule``
+    (``topk`` / ``threshold`` / ``factor``): the one place that picks a family's rule and proposal
+    (:func:`fastdllm.generate` and ``experiments.strategy.Strategy`` both ask it).
+
+    Dream: :func:`dream_block_rule` and Dream's ``sample_tokens`` proposal (``top_p``, ``top_k``);
+    ``remasking`` is a LLaDA option. LLaDA: :func:`dlm.commit.make_rule` and LLaDA's proposal
+    (``top_p``: BD3-LM's nucleus over SUBS log-probabilities); ``top_k``, ``eps`` and ``alg_temp``
+    are Dream options. ``eps`` None means Dream's 1e-3."""
+    check_sampling(temperature, remasking)
+    if family == "dream":
+        if remasking != "low_confidence":
+            raise ValueError("remasking is an option of the LLaDA rules; the Dream rules rank by confidence")
+        return (dream_block_rule(rule, steps_per_block, threshold, factor, 1e-3 if eps is None else eps, alg_temp,
+                                 cache), DreamProposal(temperature, top_p, top_k))
+    if family != "llada":
+        raise ValueError(f"family must be 'llada' or 'dream', got {family!r}")
+    for opt, value in (("top_k", top_k), ("eps", eps), ("alg_temp", alg_temp)):
+        if value is not None:
+            raise ValueError(f"{opt} is an option of the Dream rules (rules='dream')")
+    return make_rule(rule, steps_per_block, threshold, factor), Proposal(temperature, remasking, top_p)

@@ -22,13 +22,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dlm.commit import Proposal, check_sampling, make_rule
-from dlm.dream import DreamProposal
 from dlm.sample import Callback, GenerateOutput, StepView, denoise  # noqa: F401  (StepView re-exported)
 from dlm.sampling import blocks_after
 from dlm.validate import check_blocks, prepare_batch
 
-from .dream import dream_block_rule, resolve_rules
+from .dream import block_sampler, resolve_rules
 from .policies import cache_policy
 
 
@@ -53,7 +51,7 @@ def generate(
     rules: str = "auto",
     top_p: Optional[float] = None,
     top_k: Optional[int] = None,
-    eps: float = 1e-3,
+    eps: Optional[float] = None,
     alg_temp: Optional[float] = None,
     delay: Optional[int] = None,
     tolerance: Optional[float] = None,
@@ -75,7 +73,7 @@ def generate(
     ``config.shift_logits``, its LLaDA rules otherwise), ``"dream"`` or ``"llada"``
     (:mod:`fastdllm.dream`). Under the Dream rules a block's full step commits its first column,
     cached windows start at the block, the scheduled mode is Dream's negative-entropy timestep
-    schedule (``eps``, ``alg_temp``) and proposals follow Dream's ``sample_tokens``
+    schedule (``eps``, default 1e-3; ``alg_temp``) and proposals follow Dream's ``sample_tokens``
     (``temperature``, ``top_p``, ``top_k``); ``remasking`` is a LLaDA-rules option.
 
     callback(view): called after every step with a :class:`dlm.sample.StepView` (observation only).
@@ -90,19 +88,10 @@ def generate(
     steps = gen_length if steps is None else steps
     steps_per_block = check_blocks(gen_length, block_length, steps)
     name = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
-    check_sampling(temperature, remasking)
-    if family == "dream":
-        if remasking != "low_confidence":
-            raise ValueError("remasking is an option of rules='llada'; the Dream rules rank by confidence")
-        rule = dream_block_rule(name, steps_per_block, threshold, factor, eps, alg_temp, cache)
-        proposal = DreamProposal(temperature, top_p, top_k)
-    else:
-        for opt, value, default in (("top_p", top_p, None), ("top_k", top_k, None), ("eps", eps, 1e-3),
-                                    ("alg_temp", alg_temp, None)):
-            if value != default:
-                raise ValueError(f"{opt} is an option of rules='dream' (Dream's proposal and schedule)")
-        rule = make_rule(name, steps_per_block, threshold, factor)
-        proposal = Proposal(temperature, remasking)
+    if family == "llada" and top_p is not None:
+        raise ValueError("top_p is an option of rules='dream' (Dream's proposal)")
+    rule, proposal = block_sampler(family, name, steps_per_block, threshold, factor, temperature, remasking,
+                                   top_p, top_k, eps, alg_temp, cache)
     batch = prepare_batch(model, input_ids, attention_mask, gen_length, mask_id)
     return denoise(model, batch, blocks_after(batch.prompt_len, gen_length, block_length), policy, rule,
                    proposal, stop_at_eos=stop_at_eos, generator=generator, backend=backend, callback=callback)
