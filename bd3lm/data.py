@@ -7,6 +7,10 @@
   ``<|endoftext|>``, the stream is concatenated and cut into chunks of ``1024 - 2`` tokens, each
   wrapped ``<|endoftext|> ... <|endoftext|>`` (BOS = EOS in GPT-2), as MDLM / BD3-LM's wrapped
   OWT. GPT-2 has no mask token: ``[MASK]`` is the extra id ``len(tokenizer)``.
+- ``char`` (character level, e.g. tinyshakespeare): the raw text (newlines kept), optionally cut
+  to a character span ``(lo, hi)`` (fractions of the file's characters), encoded with
+  :class:`CharTokenizer` (tokenizer name ``char``) and cut into chunks of ``seq_len`` characters
+  with no special tokens, so every scored token is a character of the text.
 
 Sources: local text files (one sentence / document per non-empty line, e.g. the LM1B heldout
 ``1b_benchmark.dev.tokens``) or a Hugging Face dataset name (``datasets`` is imported lazily).
@@ -22,9 +26,9 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-STYLES = ("lm1b", "owt")
-DEFAULT_TOKENIZERS = {"lm1b": "bert-base-uncased", "owt": "gpt2"}
-DEFAULT_LENGTHS = {"lm1b": 128, "owt": 1024}
+STYLES = ("lm1b", "owt", "char")
+DEFAULT_TOKENIZERS = {"lm1b": "bert-base-uncased", "owt": "gpt2", "char": "char"}
+DEFAULT_LENGTHS = {"lm1b": 128, "owt": 1024, "char": 256}
 # the checkout's sibling ``../shared/data`` (or $DLM_SHARED_DATA) holds offline tokenizer copies
 SHARED_TOKENIZERS = Path(os.environ.get("DLM_SHARED_DATA") or
                          Path(__file__).resolve().parents[2] / "shared" / "data") / "tokenizers"
@@ -41,13 +45,73 @@ class SpecialIds:
     vocab_size: int
 
 
+class CharTokenizer:
+    """Character-level tokenizer built in code (no files, no hub): ids 0-4 are ``[PAD] [BOS]
+    [EOS] [MASK] [UNK]``, then ``\\n`` and printable ASCII 32..126 in code-point order (vocab 101).
+    Any other character encodes as ``[UNK]``. Exposes what :func:`special_ids` and
+    :func:`build_dataset` use (``__call__``, ``__len__``, ``*_token_id``) plus ``decode``."""
+
+    SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")
+    CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+    pad_token_id, bos_token_id, eos_token_id, mask_token_id, unk_token_id = range(5)
+    cls_token_id = sep_token_id = None
+    name_or_path = "char"
+
+    def __init__(self) -> None:
+        self.vocab = {tok: i for i, tok in enumerate(self.SPECIALS + tuple(self.CHARS))}
+        self._chars = {c: i + len(self.SPECIALS) for i, c in enumerate(self.CHARS)}
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return [self._chars.get(c, self.unk_token_id) for c in text]
+
+    def __call__(self, texts, add_special_tokens: bool = False) -> dict:
+        one = isinstance(texts, str)
+        ids = [self.encode(t) for t in ([texts] if one else texts)]
+        if add_special_tokens:
+            ids = [[self.bos_token_id] + i + [self.eos_token_id] for i in ids]
+        return {"input_ids": ids[0] if one else ids}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        n = len(self.SPECIALS)
+        out = []
+        for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
+            i = int(i)
+            if not 0 <= i < len(self):
+                raise ValueError(f"ids: {i} is outside the vocabulary 0..{len(self) - 1}")
+            if i >= n:
+                out.append(self.CHARS[i - n])
+            elif not skip_special_tokens:
+                out.append(self.SPECIALS[i])
+        return "".join(out)
+
+
+def char_span(text: str, span: Optional[tuple] = None) -> str:
+    """``text[round(lo * n):round(hi * n)]`` for ``span = (lo, hi)`` fractions of its ``n``
+    characters (None: all); adjacent spans such as (0, .9) and (.9, 1) are disjoint and cover it."""
+    if span is None:
+        return text
+    if (not isinstance(span, (tuple, list)) or len(span) != 2
+            or not all(isinstance(x, (int, float)) for x in span) or not 0 <= span[0] < span[1] <= 1):
+        raise ValueError(f"span must be (lo, hi) with 0 <= lo < hi <= 1, got {span!r}")
+    n = len(text)
+    return text[round(span[0] * n):round(span[1] * n)]
+
+
 def load_tokenizer(name_or_path: Union[str, os.PathLike]):
     """A transformers tokenizer from a local directory or hub name.
 
     Falls back to the slow-format classes for bare ``vocab.txt`` (BERT) or
     ``vocab.json`` + ``merges.txt`` (GPT-2) directories, and to the copies under
     ``../shared/data/tokenizers`` (beside the checkout) for the names ``bert-base-uncased`` / ``gpt2``.
+    ``char``: :class:`CharTokenizer`.
     """
+    if str(name_or_path) == "char":
+        return CharTokenizer()
     path = Path(name_or_path)
     if not path.is_dir() and (SHARED_TOKENIZERS / str(name_or_path)).is_dir():
         path = SHARED_TOKENIZERS / str(name_or_path)
@@ -131,18 +195,34 @@ def wrap_chunks(token_lists: Iterable[list[int]], seq_len: int, bos: Optional[in
 
 def build_dataset(source: Union[str, os.PathLike, Sequence], style: str = "lm1b", tokenizer=None,
                   seq_len: Optional[int] = None, split: str = "train", max_lines: Optional[int] = None,
-                  hf_config: Optional[str] = None) -> tuple[Tensor, SpecialIds]:
+                  hf_config: Optional[str] = None, span: Optional[tuple] = None) -> tuple[Tensor, SpecialIds]:
     """Token chunks (N, seq_len) and the special ids for ``source`` in ``style``.
 
-    source: a text file / list of text files / list of strings, or a HF dataset name.
+    source: a text file / list of text files / list of strings, or a HF dataset name (``char``:
+    one text file or a list of strings, joined with newlines; ``span``: its character span).
     tokenizer: a tokenizer object or name/path (default per style). Empty -> ValueError.
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if span is not None and style != "char":
+        raise ValueError(f"span: only the char style cuts character spans, got style {style!r}")
     seq_len = DEFAULT_LENGTHS[style] if seq_len is None else seq_len
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer or DEFAULT_TOKENIZERS[style])
     ids = special_ids(tokenizer)
+    if style == "char":
+        if isinstance(source, (list, tuple)):
+            text = "\n".join(source)
+        elif Path(source).is_file():
+            text = Path(source).read_text(encoding="utf-8")
+        else:
+            raise ValueError(f"source: the char style reads a text file or strings, {source!r} is neither")
+        text = char_span(text, span)
+        if max_lines is not None:
+            text = "".join(text.splitlines(keepends=True)[:max_lines])
+        if not text:
+            raise ValueError(f"dataset {source!r} is empty (span {span})")
+        return wrap_chunks([tokenizer(text)["input_ids"]], seq_len), ids
     if isinstance(source, (list, tuple)) and all(isinstance(s, str) and not Path(s).is_file() for s in source):
         texts = [s.strip() for s in source if s.strip()][:max_lines]
     elif isinstance(source, (list, tuple)) or Path(source).exists():

@@ -36,7 +36,14 @@ to compute: with every result of the config recorded, ``eval`` just rebuilds the
 Presets: ``laptop`` (lm1b-sample dev -> train, test -> eval, bert-base-uncased, L=128, d=64
 tied-embedding models of 2.2M parameters, 4.3 MB per bf16 checkpoint; fp32 on CPU) - see
 README for the measured budget; ``lm1b`` / ``owt``: the paper's settings (HF datasets, 12 x 768
-Transformer, batch 512, 1M steps, bf16, GPUs, torchrun).
+Transformer, batch 512, 1M steps, bf16, GPUs, torchrun); ``char``: character-level tinyshakespeare
+(first 90% of input.txt's characters -> train, last 10% -> test, tokenizer ``char`` built in code),
+seeds 0 1 2, each model a few minutes on one core (docs/perplexity_char.md).
+
+Seeds: ``--seeds 0 1 2`` (the char preset's default) runs each seed as its own run
+``<run>-s<seed>`` (JSONL, checkpoints, trainer state: nothing shared) and writes the across-seed
+report ``perplexity_<run>.md/.csv`` (mean +- std per model, separation of adjacent rungs, MC-ELBO
+CI; :mod:`experiments.perplexity_seeds`).
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ import torch
 from bd3lm.schedules import check_grid
 from dlm import distributed
 from experiments.common import REPO
-from experiments.perplexity_config import DEFAULT_MODELS, PRESETS, RunConfig, model_block, name_source, name_tokenizer
+from experiments.perplexity_config import (CUTS, DEFAULT_MODELS, PRESETS, RunConfig, model_block, name_source,
+                                           name_tokenizer)
 from experiments.perplexity_jobs import Paths, eval_model, load_data, open_log, pending, plan_jobs, train_job
 from experiments.perplexity_report import write_report
+from experiments.perplexity_seeds import seed_configs, write_seed_report
 
 COMMANDS = ("all", "train", "eval", "report")
 
@@ -71,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--var-models", nargs="*", default=None,
                    help="models of the variance table, run by the process training them (default: bd4 bd16)")
     p.add_argument("--finetune-from-mdlm", action="store_true", help="paper recipe (see above)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="training seeds, each its own run <run>-s<seed>, plus the across-seed report <run> "
+                        "(default: the preset's, char: 0 1 2; --seed N: one seed, no suffix)")
     add = p.add_argument
     for flag, typ, hlp in [
         ("--train", str, "training text file or HF dataset"), ("--test", str, "test text file or HF dataset"),
@@ -127,7 +139,13 @@ def parse_config(argv=None) -> RunConfig:
     named = {"train": name_source(pick(a.train, d0.train), "--train", check=a.command != "report"),
              "test": name_source(pick(a.test, d0.test), "--test", check=a.command != "report"),
              "tokenizer": name_tokenizer(pick(a.tokenizer, d0.tokenizer))}
-    data = replace(d0, train=named["train"][0], test=named["test"][0], tokenizer=named["tokenizer"][0],
+    spans = tuple((role, *CUTS[named[role][0]]) for role in ("train", "test") if named[role][0] in CUTS)
+    style = d0.style
+    for role, *_ in spans:
+        if style != "char":
+            raise ValueError(f"--{role}: {named[role][0]} is a character span of its file: only the char preset "
+                             f"(style char) cuts it, this preset's style is {style}")
+    data = replace(d0, train=named["train"][0], test=named["test"][0], tokenizer=named["tokenizer"][0], spans=spans,
                    fingerprints=tuple((role, fp) for role, (_, fp, _) in named.items() if fp),
                    paths=tuple((role, path) for role, (_, _, path) in named.items() if path),
                    seq_len=pick(a.seq_len, d0.seq_len),
@@ -177,16 +195,27 @@ def parse_config(argv=None) -> RunConfig:
             raise ValueError(f"--var-models: only bd<k> models have a clipped schedule, got {name!r}")
     if a.command in ("all", "train") and data.val_chunks < 1 and tspec.clip_search:
         raise ValueError("--val-chunks must be >= 1 for the clipping search (or --search-every 0)")
+    if a.seeds is not None and a.seed is not None:
+        raise ValueError("--seeds: give either --seeds or --seed")
+    seeds = tuple(a.seeds) if a.seeds is not None else (() if a.seed is not None else tuple(base.get("seeds", ())))
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds must be distinct ints >= 0, got {list(seeds)}")
     out = Path(a.out) if a.out else REPO / "results"
     work = Path(a.work) if a.work else REPO / "runs" / f"perplexity-{run}"
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return RunConfig(a.preset, run, a.command, tuple(a.models), tuple(a.var_models), data, arch, tspec, espec,
-                     str(out), str(work), device, a.threads)
+                     str(out), str(work), device, a.threads, seeds)
 
 
 # ------------------------------------------------------------------------------------------- run
 def run(cfg: RunConfig) -> Optional[Path]:
-    """Train, evaluate and report as ``cfg.command`` says; returns the markdown report's path."""
+    """Train, evaluate and report as ``cfg.command`` says; returns the markdown report's path.
+    With ``cfg.seeds``: each seed in turn as run ``<run>-s<seed>``, then the across-seed report."""
+    if cfg.seeds:
+        for one in seed_configs(cfg):  # report: the seeds with results so far
+            if cfg.command != "report" or Paths(one).jsonl.is_file():
+                run(one)
+        return write_seed_report(Path(cfg.out), cfg.run, cfg.seeds)
     paths = Paths(cfg)
     if cfg.command == "report":
         return write_report(paths.out, cfg.run)

@@ -1,7 +1,7 @@
 """Configs of ``experiments.perplexity``: data, architecture, training, evaluation, presets.
 
-Frozen dataclasses; :data:`PRESETS` maps ``laptop`` / ``lm1b`` / ``owt`` to their defaults
-(the command line overrides single fields). Model names: ``ar`` (L'=1), ``bd<k>`` (L'=k),
+Frozen dataclasses; :data:`PRESETS` maps ``laptop`` / ``char`` / ``lm1b`` / ``owt`` to their
+defaults (the command line overrides single fields); ``char`` also names its training seeds. Model names: ``ar`` (L'=1), ``bd<k>`` (L'=k),
 ``mdlm`` (L'=L); :func:`model_block` validates them against L.
 
 Data are named, never located: a config (and its hash) holds ``<dataset>:<split>`` of
@@ -43,9 +43,14 @@ DATASETS = {
     "ptb": {
         "valid": ("ptb.valid.txt", "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2"),
         "test": ("ptb.test.txt", "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0")},
-    "tinyshakespeare": {
-        "all": ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")},
+    "tinyshakespeare": {  # train / test: character spans of input.txt (CUTS)
+        "all": ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+        "train": ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+        "test": ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")},
 }
+#: splits derived in code from one file: ``<dataset>:<split>`` -> (lo, hi) fractions of the file's
+#: characters (bd3lm.data.char_span); recorded in DataConfig.spans, so part of the config hash
+CUTS = {"tinyshakespeare:train": (0.0, 0.9), "tinyshakespeare:test": (0.9, 1.0)}
 
 
 def data_root() -> Path:
@@ -151,7 +156,7 @@ def locate_tokenizer(data: "DataConfig") -> str:
 
 @dataclass(frozen=True)
 class DataConfig:
-    style: str  # bd3lm.data style: lm1b | owt
+    style: str  # bd3lm.data style: lm1b | owt | char
     train: str  # <dataset>:<split>, file:<name> or HF dataset name (see the module docstring)
     test: str
     tokenizer: str
@@ -164,6 +169,7 @@ class DataConfig:
     val_chunks: int = 64  # held out from the end of the training chunks (clipping search)
     fingerprints: tuple = ()  # ((role, "sha256:..."), ...) of named and file: sources; role train|test|tokenizer
     paths: tuple = ()  # ((role, local path), ...) of the file: sources: not identity
+    spans: tuple = ()  # ((role, lo, hi), ...) character spans of CUTS splits (char style)
 
 
 @dataclass(frozen=True)
@@ -225,11 +231,13 @@ class RunConfig:
     work: str
     device: str
     threads: Optional[int] = None
+    seeds: tuple = ()  # training seeds: run ``<run>-s<seed>`` each (experiments.perplexity_seeds)
 
     def identity(self) -> dict:
         """What fixes the results (not which models this process runs, nor where files go): the
-        data by name and content fingerprint, never by path, so the hash is the same in every clone."""
-        data = {k: v for k, v in asdict(self.data).items() if k != "paths"}
+        data by name and content fingerprint, never by path, so the hash is the same in every clone.
+        ``spans`` appear only when set (the hashes of configs without them are unchanged)."""
+        data = {k: v for k, v in asdict(self.data).items() if k != "paths" and (k != "spans" or v)}
         data["fingerprints"] = dict(self.data.fingerprints)
         return {"preset": self.preset, "data": data, "arch": asdict(self.arch),
                 "train": asdict(self.train), "eval": asdict(self.eval)}
@@ -260,7 +268,24 @@ def _paper(style: str) -> dict:
                               var_chunks=4096))
 
 
-PRESETS = {"laptop": _laptop, "lm1b": lambda: _paper("lm1b"), "owt": lambda: _paper("owt")}
+def _char() -> dict:
+    """Character-level tinyshakespeare (first 90% of the characters -> train, the rest -> test),
+    sized so that each model trains in a few minutes on one CPU core; three training seeds."""
+    return dict(
+        data=DataConfig("char", "tinyshakespeare:train", "tinyshakespeare:test", "char", CHAR_L, val_chunks=64),
+        arch=ArchConfig(CHAR_D, CHAR_LAYERS, 4, 4, 4 * CHAR_D, True),
+        train=TrainSpec(steps=CHAR_STEPS, batch_size=CHAR_BATCH, lr=2e-3, warmup=100, betas=(0.9, 0.99),
+                        weight_decay=0.1, search_every=CHAR_STEPS // 4, search_chunks=16, grid=LAPTOP_GRID),
+        eval=EvalSpec(eval_chunks=CHAR_EVAL_CHUNKS, batch_size=64, mc_chunks=CHAR_MC_CHUNKS, mc_num=CHAR_MC_NUM,
+                      mc_batch_size=16, var_chunks=256),
+        seeds=(0, 1, 2))
+
+
+#: char preset sizes (docs/perplexity_char.md: 1.06M parameters, measured step times)
+CHAR_L, CHAR_D, CHAR_LAYERS, CHAR_BATCH, CHAR_STEPS = 64, 128, 4, 16, 1000
+CHAR_EVAL_CHUNKS, CHAR_MC_CHUNKS, CHAR_MC_NUM = None, 256, 32
+
+PRESETS = {"laptop": _laptop, "char": _char, "lm1b": lambda: _paper("lm1b"), "owt": lambda: _paper("owt")}
 
 
 def model_block(name: str, seq_len: int, flag: str = "--models") -> int:

@@ -3,13 +3,14 @@
 Training: :func:`dlm.train.train` on :class:`bd3lm.BD3Objective` (exact AR NLL for L'=1), with
 the data-driven clipping search of BD3-LM sec. 4 for 1 < L' < L; checkpoints exported in bf16.
 Evaluation: NELBO perplexity (:func:`bd3lm.perplexity`), LLaDA's MC ELBO
-(:func:`dlm.likelihood.mc_perplexity`) and :func:`nelbo_variance` for Table 2. Every result is
+(:func:`dlm.likelihood.mc_loglikelihood`, per test chunk, paired with the NELBO of the chunk) and :func:`nelbo_variance` for Table 2. Every result is
 one JSONL record; ids already written are skipped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -25,7 +26,7 @@ from bd3lm.loss import bd3_nelbo
 from bd3lm.clipping import search_clipping
 from bd3lm.schedules import UNCLIPPED, draw_noise
 from dlm import distributed
-from dlm.likelihood import mc_perplexity
+from dlm.likelihood import mc_loglikelihood
 from dlm.model import ModelConfig, Transformer
 from dlm.train import TrainConfig, train
 from experiments.common import JsonlLog, config_hash, git_sha, read_jsonl, repo_relative
@@ -47,11 +48,13 @@ def load_data(cfg: RunConfig) -> Data:
     """Train / val / test chunks of the named data (found in the mirror, fingerprints checked first)."""
     d = cfg.data
     train_src, test_src, tokenizer = locate("train", d), locate("test", d), locate_tokenizer(d)
+    span = {role: (lo, hi) for role, lo, hi in d.spans}
     chunks, ids = build_dataset(train_src, d.style, tokenizer, d.seq_len, d.train_split, d.max_train_lines,
-                                d.hf_config)
+                                d.hf_config, span=span.get("train"))
     if chunks.shape[0] <= d.val_chunks:
         raise ValueError(f"--train: {chunks.shape[0]} chunks, need more than --val-chunks {d.val_chunks}")
-    test, _ = build_dataset(test_src, d.style, tokenizer, d.seq_len, d.test_split, d.max_test_lines, d.hf_config)
+    test, _ = build_dataset(test_src, d.style, tokenizer, d.seq_len, d.test_split, d.max_test_lines, d.hf_config,
+                            span=span.get("test"))
     n_val = d.val_chunks
     return Data(chunks[:chunks.shape[0] - n_val], chunks[chunks.shape[0] - n_val:], test, ids)
 
@@ -309,6 +312,18 @@ def nelbo_variance(model, batches: list[dict], block_size: int, schedule: ClipSc
     return {"var_nelbo": sum(vs) / len(vs), "clipped_nelbo": nats / toks, "batches": len(vs)}
 
 
+@torch.no_grad()
+def chunk_nelbo(bd3: BD3LM, batches: list[dict], reps: int, generator: torch.Generator) -> list[float]:
+    """Per chunk (row), the BD3-LM NELBO in nats (unclipped U[0,1], low-discrepancy t over each
+    batch), averaged over ``reps`` passes with fresh noise; the first pass is ``bd3.perplexity``'s."""
+    sums: Optional[list] = None
+    for _ in range(reps):
+        rows = [bd3_nelbo(bd3.model, b, bd3.block_size, schedule=UNCLIPPED, generator=generator,
+                          backend=bd3.backend).terms.sum(-1).double().cpu() for b in batches]  # (B,) each
+        sums = rows if sums is None else [a + r for a, r in zip(sums, rows)]
+    return [float(x) / reps for x in torch.cat(sums)]
+
+
 def eval_model(name: str, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLog) -> None:
     """``ppl/<name>``, ``mc/mdlm`` and the ``var/<name>/...`` rows of Table 2."""
     L, e = cfg.data.seq_len, cfg.eval
@@ -322,10 +337,16 @@ def eval_model(name: str, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLo
         bd3, t0 = load_bd3(name, paths, cfg), time.perf_counter()
         sub = _batches(data.test, cfg, e.mc_chunks)
         g = torch.Generator().manual_seed(e.seed)  # the MC ELBO draws on the CPU
-        mc = mc_perplexity(bd3.model, sub, e.mc_num, e.mc_batch_size, g, subs=True)
-        same = bd3.perplexity(sub, _gen(cfg))
-        log.append([_record(cfg, "mc/mdlm", "mc_elbo", model=name, block_size=L, **mc, nelbo_same=same.nelbo,
-                            ppl_same=same.ppl, seconds=time.perf_counter() - t0)])
+        mc_nats = [-mc_loglikelihood(bd3.model, torch.zeros(0, dtype=torch.long, device=row.device), row, e.mc_num,
+                                     e.mc_batch_size, g, subs=True) for b in sub for row in b["input_ids"]]
+        nelbo_nats = chunk_nelbo(bd3, sub, e.mc_num, _gen(cfg))  # same number of draws per chunk
+        tokens = L * len(mc_nats)
+        mc = {"nelbo": sum(mc_nats) / tokens, "ppl": math.exp(min(sum(mc_nats) / tokens, 700.0)), "tokens": tokens,
+              "mc_num": e.mc_num}
+        same = sum(nelbo_nats) / tokens
+        log.append([_record(cfg, "mc/mdlm", "mc_elbo", model=name, block_size=L, **mc, nelbo_same=same,
+                            ppl_same=math.exp(min(same, 700.0)), nelbo_reps=e.mc_num, chunk_mc_nats=mc_nats,
+                            chunk_nelbo_nats=nelbo_nats, seconds=time.perf_counter() - t0)])
     if name not in cfg.var_models:
         return
     var_batches = _batches(data.test, cfg, e.var_chunks)

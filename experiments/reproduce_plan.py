@@ -110,6 +110,12 @@ def training_jobs(out: str, work: str) -> list[Job]:
             "perplexity ladder models L'=16, MDLM",
             tuple(f"checkpoints/perplexity-laptop-{m}/config.json" for m in ("bd16", "mdlm")),
             cost_min=30, training=True),
+        Job("train_ppl_char", "experiments.perplexity",
+            ("all", "--preset", "char", "--out", out, "--work", f"{work}/perplexity-char"),
+            "character-level perplexity ladder (tinyshakespeare), 5 models x 3 seeds, trained and evaluated; "
+            "its checkpoints (32 MB) are not committed",
+            (*(f"perplexity_char-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
+             "perplexity_char_seeds.md", "perplexity_char_seeds.csv"), cost_min=60, training=True),
     ]
 
 

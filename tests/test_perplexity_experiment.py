@@ -99,7 +99,7 @@ def test_resume_skips_finished(ladder, monkeypatch):
         raise AssertionError("finished work must not be redone")
 
     monkeypatch.setattr(jobs, "train", boom)
-    monkeypatch.setattr(jobs, "mc_perplexity", boom)
+    monkeypatch.setattr(jobs, "mc_loglikelihood", boom)
     monkeypatch.setattr(jobs, "nelbo_variance", boom)
     run(parse_config(argv))
     assert (tmp / "out" / "perplexity_t.jsonl").read_text() == before
