@@ -46,6 +46,7 @@ from . import distributed
 from .ema import EMA
 from .io import atomic_path, remove_leftover_temps, write_dir
 from .optim import lr_at, param_groups  # noqa: F401  (re-exported)
+from .seeding import derive_seed, step_generator  # noqa: F401  (re-exported)
 from .resume import (RESUMABLE_FIELDS, as_recipe, check_shapes, flag_recipe,  # noqa: F401
                      check_recipe, trim_metrics)
 
@@ -129,28 +130,6 @@ class TrainResult:
     train_metrics: dict = field(default_factory=dict)  # last logged training metrics
     eval_metrics: dict = field(default_factory=dict)  # last eval_fn output
     ema: Optional[EMA] = None  # the model itself keeps the raw (non-EMA) weights
-
-
-# --------------------------------------------------------------------------------------------
-# pure pieces: schedule, param groups, seeds
-# --------------------------------------------------------------------------------------------
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def derive_seed(*parts: int) -> int:
-    """Deterministic 63-bit seed from integers (FNV-1a style mixing)."""
-    h = 0xCBF29CE484222325
-    for part in parts:
-        h = ((h ^ (part & _MASK64)) * 0x100000001B3) & _MASK64
-        h ^= h >> 31
-    return h & ((1 << 63) - 1)
-
-
-def step_generator(seed: int, step: int, stream: int, device: torch.device) -> torch.Generator:
-    """Generator for one (step, stream): stream 0 = data, 1 = noise, 2 + k = micro-batch k."""
-    return torch.Generator(device=device).manual_seed(derive_seed(seed, step, stream))
 
 
 # --------------------------------------------------------------------------------------------
