@@ -37,6 +37,7 @@ import numpy as np
 
 from experiments.common import atomic_write_text, read_jsonl
 from dlm.tasks.evaluate import mcnemar_exact
+from experiments.frontier import frontier, render_frontier
 from experiments.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
 from experiments.strategy import STRATEGY_NAMES
 
@@ -83,6 +84,8 @@ class Row:
     config_hashes: str
     git_shas: str
     batch_rows: str = "?"  # batch size(s) the samples were decoded at ("?": not recorded)
+    flops_per_token: float = float("nan")  # model FLOPs per generated token (nan: not recorded)
+    flop_ideal: float = float("nan")  # the reference's FLOPs/token over this row's: the speed-up FLOPs predict
     mcnemar_p: float = float("nan")  # exact McNemar p vs the speed-up reference on the shared problems
     discordant: str = "-"  # "b/c": reference right & row wrong / reference wrong & row right
 
@@ -114,7 +117,9 @@ def summarize(name: str, records: Sequence[dict], n_resamples: int = 1000, seed:
         positions_per_token=sum(r["positions_computed"] for r in records) / tokens,
         seconds=sum(r["seconds"] for r in records), factors=dict(records[0].get("factors") or {}),
         config_hashes=" ".join(sorted({str(r.get("config_hash")) for r in records})),
-        git_shas=" ".join(sorted({str(r.get("git_sha")) for r in records})), batch_rows=batch_sizes(records))
+        git_shas=" ".join(sorted({str(r.get("git_sha")) for r in records})), batch_rows=batch_sizes(records),
+        flops_per_token=(sum(r["flops"] for r in records) / tokens if all(r.get("flops") for r in records)
+                         else float("nan")))
 
 
 def load_runs(out: Path) -> dict[str, list[dict]]:
@@ -162,6 +167,7 @@ def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 10
     for r in rows:
         p, bc = paired_test(runs[base.strategy], runs[r.strategy])
         out.append(Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second,
+                          "flop_ideal": base.flops_per_token / r.flops_per_token,
                           "mcnemar_p": p, "discordant": bc}))
     return out
 
@@ -264,51 +270,25 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
              f"{meta['bootstrap']['seed']}); throughput = tokens up to and including the first EOS / "
              f"wall-clock seconds of generation; McNemar: exact paired test against the same row on the "
-             f"same problems (b/c: problems only it / only this row solves).{_batch_words(meta)}", "",
+             f"same problems (b/c: problems only it / only this row solves); FLOP ideal: its FLOPs per token "
+             f"over this row's, the speed-up if time followed FLOPs.{_batch_words(meta)}", "",
              f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | tokens/s{' (batch size)' if mixed else ''} | "
-             f"speed-up vs {meta['speedup_reference']} | NFE | NFE/token | tokens/step | positions/token | n | config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"speed-up vs {meta['speedup_reference']} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "
+             "n | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         batch = f" (batch {r.batch_rows})" if mixed else ""
         test = "-" if r.strategy == meta["speedup_reference"] else f"{_fmt(r.mcnemar_p, '.2g')} ({r.discordant})"
         lines.append(f"| {r.strategy} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | "
-                     f"{test} | {_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | {r.nfe:.1f} | "
+                     f"{test} | {_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | "
+                     f"{_fmt(r.flop_ideal, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
     return "\n".join(lines) + "\n" + render_frontier(rows, meta)
 
 
-def frontier(rows: Sequence[Row], reference: Optional[str], alpha: float = 0.05) -> dict:
-    """The Pareto front (no row both faster and more accurate) in throughput order, and the fastest
-    row whose accuracy is not significantly below the reference row's (exact McNemar p > ``alpha``,
-    or at least as accurate)."""
-    front = sorted(pareto_front([(r.tokens_per_second, r.accuracy) for r in rows]),
-                   key=lambda i: rows[i].tokens_per_second)
-    base = next((r for r in rows if r.strategy == reference), None)
-    kept = [r for r in rows if base is not None and (r is base or r.accuracy >= base.accuracy
-                                                    or not r.mcnemar_p <= alpha)]
-    best = max(kept, key=lambda r: r.tokens_per_second, default=None)
-    return {"front": [rows[i].strategy for i in front], "fastest_not_worse": best.strategy if best else None,
-            "alpha": alpha}
-
-
-def render_frontier(rows: Sequence[Row], meta: dict) -> str:
-    info, by = meta["frontier"], {r.strategy: r for r in rows}
-    lines = ["", "## Pareto frontier (accuracy vs tokens/s)", "",
-             "| strategy | accuracy % | tokens/s | speed-up | McNemar p |", "|---|---|---|---|---|"]
-    lines += [f"| {n} | {100 * by[n].accuracy:.1f} | {by[n].tokens_per_second:.1f} | {_fmt(by[n].speedup, '.2f')}x | "
-              f"{_fmt(by[n].mcnemar_p, '.2g')} |" for n in info["front"]]
-    if info["fastest_not_worse"]:
-        r = by[info["fastest_not_worse"]]
-        lines += ["", f"Fastest row not significantly less accurate than {meta['speedup_reference']} (exact McNemar "
-                      f"p > {info['alpha']}, or as accurate): **{r.strategy}**, {100 * r.accuracy:.1f}%, "
-                      f"{_fmt(r.speedup, '.2f')}x."]
-    return "\n".join(lines) + "\n"
-
-
 CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "mcnemar_p", "discordant", "tokens_per_second",
-              "batch_rows", "speedup", "speedup_vs", "nfe", "nfe_per_token", "tokens_per_step", "positions_per_token", "seconds",
-              "config_hashes", "git_shas")
+              "batch_rows", "speedup", "speedup_vs", "flops_per_token", "flop_ideal", "nfe", "nfe_per_token",
+              "tokens_per_step", "positions_per_token", "seconds", "config_hashes", "git_shas")
 
 
 def render_csv(rows: Sequence[Row], speedup_vs: Optional[str] = None) -> str:

@@ -157,3 +157,23 @@ def test_frontier_and_fastest_not_worse_match_brute_force():
         assert next(r for r in rows if r.strategy == got["fastest_not_worse"]).tokens_per_second == \
             max(r.tokens_per_second for r in ok)
     assert frontier(rows, "absent")["fastest_not_worse"] is None
+
+
+def test_flop_ideal_is_the_ratio_of_flops_per_token_and_absent_without_flops(tmp_path):
+    import math
+
+    base, dual = _records("baseline_semiar", 4, 1.0, 4), _records("fastdllm_dual", 4, 0.5, 4)
+    for i, r in enumerate(base):
+        r["flops"], r["tokens_until_eos"] = 1000 * (i + 1), 10
+    for r in dual:
+        r["flops"], r["tokens_until_eos"] = 125, 5  # 25 FLOPs/token vs the baseline's 10000 / 40 = 250
+    _write(tmp_path, {"baseline_semiar": base, "fastdllm_dual": dual})
+    rep, _ = _build(tmp_path)
+    rows = {r.strategy: r for r in rep.rows}
+    assert rows["baseline_semiar"].flops_per_token == 250.0 and rows["fastdllm_dual"].flops_per_token == 25.0
+    assert rows["fastdllm_dual"].flop_ideal == 10.0 and rows["baseline_semiar"].flop_ideal == 1.0
+    assert "| 10.00x |" in rep.table_md
+    del dual[0]["flops"]  # one record without FLOPs: no ideal rather than a wrong one
+    _write(tmp_path, {"fastdllm_dual": dual})
+    rep, _ = _build(tmp_path)
+    assert math.isnan({r.strategy: r for r in rep.rows}["fastdllm_dual"].flop_ideal)

@@ -1,0 +1,41 @@
+"""The Pareto front of a results table and the fastest row not significantly less accurate than
+its reference (:mod:`experiments.report` puts both under every table)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from experiments.plots import pareto_front
+
+
+def _fmt(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
+def frontier(rows: Sequence, reference: Optional[str], alpha: float = 0.05) -> dict:
+    """The Pareto front (no row both faster and more accurate) in throughput order, and the fastest
+    row whose accuracy is not significantly below the reference row's (exact McNemar p > ``alpha``,
+    or at least as accurate)."""
+    front = sorted(pareto_front([(r.tokens_per_second, r.accuracy) for r in rows]),
+                   key=lambda i: rows[i].tokens_per_second)
+    base = next((r for r in rows if r.strategy == reference), None)
+    kept = [r for r in rows if base is not None and (r is base or r.accuracy >= base.accuracy
+                                                    or not r.mcnemar_p <= alpha)]
+    best = max(kept, key=lambda r: r.tokens_per_second, default=None)
+    return {"front": [rows[i].strategy for i in front], "fastest_not_worse": best.strategy if best else None,
+            "alpha": alpha}
+
+
+def render_frontier(rows: Sequence, meta: dict) -> str:
+    info, by = meta["frontier"], {r.strategy: r for r in rows}
+    lines = ["", "## Pareto frontier (accuracy vs tokens/s)", "",
+             "| strategy | accuracy % | tokens/s | speed-up | McNemar p |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {100 * by[n].accuracy:.1f} | {by[n].tokens_per_second:.1f} | {_fmt(by[n].speedup, '.2f')}x | "
+              f"{_fmt(by[n].mcnemar_p, '.2g')} |" for n in info["front"]]
+    if info["fastest_not_worse"]:
+        r = by[info["fastest_not_worse"]]
+        lines += ["", f"Fastest row not significantly less accurate than {meta['speedup_reference']} (exact McNemar "
+                      f"p > {info['alpha']}, or as accurate): **{r.strategy}**, {100 * r.accuracy:.1f}%, "
+                      f"{_fmt(r.speedup, '.2f')}x."]
+    return "\n".join(lines) + "\n"
