@@ -7,12 +7,15 @@ baseline, the FLOP-count ideal speed-up (``dlm.stats.forward_flops`` summed over
 and their ratio, NFE and tokens per step, and the roofline (:mod:`experiments.roofline`): each
 call's floor ``sum over forwards of max(FLOPs / peak, bytes / bandwidth)`` with peak and
 bandwidth measured here, ``floor / measured`` for the call and per forward kind (block-start
-refresh, cached window). ``--out DIR`` writes ``DIR/<name>.md`` and ``.json``.
+refresh, cached window), and on CUDA each call's peak memory. ``--out DIR`` writes ``DIR/<name>.md``
+and ``.json``. Presets: random weights at a size of :mod:`experiments.shapes`, or at LLaDA-8B's /
+Dream-7B's real shape (``llada8b`` / ``dream7b``, read from the data mirror's config.json).
 
     python -m experiments.bench_fastdllm --preset tiny --threads 1
     python -m experiments.bench_fastdllm --preset mid --prompt-len 200 --gen-length 256 --out results/speed
     python -m experiments.bench_fastdllm --model ckpt/llada-8b --device cuda \
         --dtype bfloat16 --gen-length 256 512
+    bash experiments/gpu_check.sh      # LLaDA-8B's shape, random bf16 weights, every backend (one GPU)
 
 Common flags (``--model --device --dtype --threads --seed``) come from :mod:`experiments.cli`;
 CPU threads default to ``OMP_NUM_THREADS``, else 1.
@@ -31,19 +34,16 @@ from pathlib import Path
 import torch
 
 import fastdllm
-from dlm.model import ModelConfig, Transformer
+from dlm.model import Transformer
 from dlm.sampling import generate as baseline_generate
 from dlm.compiled import compiled
 from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
 from experiments.common import atomic_write_text, git_sha
 from experiments.roofline import call_floor, kinds, machine
+from experiments.shapes import REAL, SHAPES, random_model, real_shape
 
-PRESETS = {  # random models: (vocab, d_model, layers, heads, kv heads, mlp hidden)
-    "tiny": (512, 64, 2, 4, 2, 128),
-    "mid": (32000, 512, 8, 8, 8, 1408),  # the speed issue's mid shape
-    "small": (4096, 256, 4, 8, 4, 768),
-    "base": (32000, 1024, 8, 16, 8, 2816),
-}
+PRESETS = {"tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=128),
+           **SHAPES, **{name: None for name in REAL}}  # None: the real model's shape (experiments.shapes)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,12 +76,9 @@ def build_model(args) -> Transformer:
 
         model, _tokenizer = load_model(args.model)
     else:
-        vocab, d, layers, heads, kv, mlp = PRESETS[args.preset]
-        cfg = ModelConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=kv,
-                          mlp_hidden=mlp, max_seq_len=args.prompt_len + max(args.gen_length),
-                          mask_token_id=vocab - 1, eos_token_id=vocab - 2)
-        model = Transformer(cfg)
-        model.reset_parameters(std=args.init_std, generator=torch.Generator().manual_seed(args.seed))
+        shape = PRESETS[args.preset] or real_shape(args.preset)
+        return random_model(shape, args.prompt_len + max(args.gen_length), args.device,
+                            dtype_of(args.dtype, torch.device(args.device)), args.init_std, args.seed)
     return model.to(device=args.device, dtype=dtype_of(args.dtype, torch.device(args.device))).eval()
 
 
@@ -148,7 +145,11 @@ def main(argv=None) -> dict:
     for gen_length in args.gen_length:
         base_seconds = base_flops = None
         for name, kw in variants(args):
+            cuda = torch.device(args.device).type == "cuda"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(args.device)
             out = run_one(model, ids, gen_length, args, kw)
+            peak = torch.cuda.max_memory_allocated(args.device) / 2**30 if cuda else None
             stats, flops = out.stats, out.stats.extra["flops"]
             if base_seconds is None:
                 base_seconds, base_flops = stats.seconds, flops
@@ -158,7 +159,7 @@ def main(argv=None) -> dict:
                          "flop_ideal": ideal, "ratio": speedup / ideal, "nfe": stats.nfe,
                          "tokens_per_step": stats.tokens_per_step, "floor_s": floor,
                          "floor_over_measured": floor / stats.seconds,
-                         "overhead_share": stats.overhead_seconds / stats.seconds,
+                         "overhead_share": stats.overhead_seconds / stats.seconds, "peak_memory_gib": peak,
                          "kinds": kinds(model, stats, args.batch_size, hw)})
             if args.compile:
                 rows[-1].update(time_compiled(model, ids, gen_length, args, kw, out))
@@ -182,8 +183,8 @@ def report(res: dict, out: Path, name: str) -> None:
     """``<out>/<name>.md``: one row per variant and one per forward kind; ``.json``: everything."""
     hw = res["machine"]
     table = [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['speedup']:.2f}x", f"{r['flop_ideal']:.2f}x",
-              f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['overhead_share']:.0%}"]
-             for r in res["rows"]]
+              f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['overhead_share']:.0%}",
+              "-" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.1f}"] for r in res["rows"]]
     per_kind = [[r["gen_length"], r["variant"], f"{k['queries']} x {k['keys']}, head {k['head']}", k["forwards"],
                  f"{1e3 * k['seconds_each']:.2f}", f"{1e3 * k['floor_each']:.2f}", f"{k['floor_over_measured']:.2f}"]
                 for r in res["rows"] for k in r["kinds"]]
@@ -196,7 +197,7 @@ def report(res: dict, out: Path, name: str) -> None:
           "forwards of max(FLOPs / peak, bytes / bandwidth)) over the measured time (1 = at the roofline); "
           "`overhead`: time outside model forwards.", "",
           *markdown_table(["gen", "variant", "seconds", "speed-up", "ideal", "ratio", "NFE", "floor / measured",
-                           "overhead"], table), "",
+                           "overhead", "peak GiB (CUDA)"], table), "",
           *(["Compiled forward (`torch.compile`, dynamic shapes) against eager, same tokens:", "",
              *markdown_table(["gen", "variant", "eager s", "compiled s", "compiled speed-up", "first call s",
                               "tokens equal"],

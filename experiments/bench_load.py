@@ -34,11 +34,12 @@ import torch
 from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
 from experiments.common import REPO, atomic_write_text, git_sha
 from experiments.roofline import call_floor, machine, sync
+from experiments.shapes import REAL, random_model, real_shape
+from experiments.shapes import SHAPES as RANDOM
 from experiments.strategy import Strategy
 
 STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")
-SHAPES = {"mid": dict(vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, mlp_hidden=1408),
-          "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64)}
+SHAPES = {"mid": RANDOM["mid"], "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64)}
 
 
 def strategy(name: str, gen: int, block: int, random_weights: bool) -> Strategy:
@@ -68,21 +69,9 @@ def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
 
         pool = [encode_question(tok, p.question, [], True) for p in generate_problems(n=64, split="test", seed=0)]
         return {s: loaded[p][0].eval() for s, p in paths.items()}, tok, pool
-    from dlm.model import ModelConfig, Transformer
-
-    if shape in SHAPES:
-        base = dict(SHAPES[shape])
-    else:
-        from dlm.layouts import config_from_json
-
-        path = REPO.parent / "shared" / "data" / "models" / "LLaDA-8B-Instruct" / "config.json"
-        cfg = config_from_json(json.loads(path.read_text()))
-        base = {k: getattr(cfg, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden")}
-    cfg = ModelConfig(**base, max_seq_len=2048, mask_token_id=base["vocab_size"] - 1, eos_token_id=None)
-    with torch.device(device):
-        model = Transformer(cfg)
-    model.reset_parameters(std=0.02, generator=torch.Generator(device).manual_seed(0))
-    model = model.to(dtype).eval()
+    base = dict(SHAPES[shape]) if shape in SHAPES else real_shape(shape)
+    model = random_model(base, 2048, device, dtype, eos=False)
+    cfg = model.config
     g = torch.Generator().manual_seed(0)
     P = 200 if shape != "tiny" else 12
     pool = [torch.randint(0, cfg.vocab_size - 1, (P,), generator=g).tolist() for _ in range(8)]
@@ -181,7 +170,7 @@ def plot(res: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, model=None, model_help="unused (the shape picks the models)", dtype="float32", seed=False)
-    p.add_argument("--shape", default="embedded", choices=["embedded", *SHAPES, "llada8b"],
+    p.add_argument("--shape", default="embedded", choices=["embedded", *SHAPES, *REAL],
                    help="embedded checkpoints, random mid / tiny (tests) / LLaDA-8B shape")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--gen-length", type=int, default=256)
