@@ -48,7 +48,9 @@ def place_labels(ax, xy: Sequence[tuple[float, float]], labels: Sequence[str], s
 
 def plot_pareto(rows: Sequence, path: Path, meta: dict) -> None:
     """Accuracy vs throughput: the axes hold every point with its whole CI, x ticks are plain
-    numbers on a log scale, labels do not overlap (:func:`place_labels`)."""
+    numbers on a log scale, labels do not overlap (:func:`place_labels`). A cache policy with
+    several points (a sweep) gets its own front as a dashed curve; with more than 16 rows only the
+    front across all and the rows outside the sweep (not ``sw_*``) are labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,14 +65,15 @@ def plot_pareto(rows: Sequence, path: Path, meta: dict) -> None:
         yerr = [[y - 100 * r.ci_low], [100 * r.ci_high - y]]
         on = i in front
         ax.errorbar([x], [y], yerr=yerr, fmt="o", ms=7 if on else 5, capsize=3,
-                    color="tab:red" if on else "tab:gray", alpha=1.0 if on else 0.6)
-    groups: dict = {}  # one line per cache policy when it has several points (a sweep)
+                    color="tab:red" if on else "tab:gray", alpha=1.0 if on else (0.6 if len(rows) <= 16 else 0.25))
+    groups: dict = {}  # one curve per cache policy when it has several points (a sweep): its own front
     for i, r in enumerate(rows):
         groups.setdefault((r.factors or {}).get("cache"), []).append(i)
     for c, (cache, idx) in enumerate(sorted((k, v) for k, v in groups.items() if k is not None and len(v) > 1)):
-        idx = sorted(idx, key=lambda i: pts[i][0])
-        ax.plot([pts[i][0] for i in idx], [pts[i][1] for i in idx], ":", color=f"C{c % 10}", lw=1.2,
-                label=f"cache {cache}")
+        curve = [idx[j] for j in pareto_front([pts[i] for i in idx])]
+        ax.plot([pts[i][0] for i in idx], [pts[i][1] for i in idx], ".", color=f"C{c % 10}", ms=4, alpha=0.7)
+        ax.plot([pts[i][0] for i in curve], [pts[i][1] for i in curve], "--", color=f"C{c % 10}", lw=1.2,
+                label=f"cache {cache}: its front ({len(idx)} points)")
     order = sorted(front, key=lambda i: pts[i][0])
     ax.plot([pts[i][0] for i in order], [pts[i][1] for i in order], "-", color="tab:red", lw=1.5,
             label="Pareto front")
@@ -91,7 +94,8 @@ def plot_pareto(rows: Sequence, path: Path, meta: dict) -> None:
     fig.tight_layout()
     styles = [dict(fontsize=8, fontweight="bold", color="black") if i in front
               else dict(fontsize=7, color="dimgray") for i in range(len(rows))]
-    place_labels(ax, pts, [r.strategy for r in rows], styles)
+    named = [i for i, r in enumerate(rows) if len(rows) <= 16 or i in front or not r.strategy.startswith("sw_")]
+    place_labels(ax, [pts[i] for i in named], [rows[i].strategy for i in named], [styles[i] for i in named])
     fig.text(0.01, 0.005, f"git {' '.join(meta['run_git_shas'])}", fontsize=6, color="gray")
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")

@@ -177,3 +177,16 @@ def test_flop_ideal_is_the_ratio_of_flops_per_token_and_absent_without_flops(tmp
     _write(tmp_path, {"fastdllm_dual": dual})
     rep, _ = _build(tmp_path)
     assert math.isnan({r.strategy: r for r in rep.rows}["fastdllm_dual"].flop_ideal)
+
+
+def test_frontier_of_the_reference_model_leaves_out_bd3lm_rows():
+    from experiments.report import Row, frontier
+
+    def row(name, kind, tps, acc):
+        return Row(name, 100, acc, 0, 1, tps, 1.0, 1, 1, 1, 1, 1, {"kind": kind}, "", "", mcnemar_p=1.0)
+
+    rows = [row("base", "baseline", 1.0, 0.8), row("dual", "fastdllm", 10.0, 0.8), row("bd3", "bd3lm", 100.0, 0.9)]
+    got = frontier(rows, "base")
+    assert got["front"] == ["bd3"] and got["fastest_not_worse"] == "bd3"
+    assert got["same_model"] == {"front": ["dual"], "fastest_not_worse": "dual"}
+    assert "same_model" not in frontier(rows[:2], "base")
