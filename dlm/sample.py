@@ -107,6 +107,7 @@ class Run:
         cfg = self.model.config
         self._dense = cfg.num_params(include_embeddings=False)
         self._rope: Optional[tuple[Tensor, Tensor]] = None  # (B, 1, T, D) each, on the first forward
+        self._rope_tables = getattr(self.model, "rope_tables", None)  # None: a model without RoPE tables
 
     def _real(self, start: int, stop: int) -> Tensor | int:
         """(B,) non-padding columns in ``[start, stop)`` (an int when there is no padding)."""
@@ -157,9 +158,9 @@ class Run:
         flops = self._count(start, width, keys, n_head, copies, row_span)
         inp = self.x[:, start:stop] if inputs is None else inputs
         kwargs = {} if self.cache is None else {"cache": self.cache, "start": start, "commit": commit}
-        if positions is None and hasattr(self.model, "rope_tables"):  # the run's RoPE tables, computed once
+        if positions is None and self._rope_tables is not None:  # the run's RoPE tables, computed once
             if self._rope is None:
-                self._rope = self.model.rope_tables(self.positions, self.model.embed.weight.dtype)
+                self._rope = self._rope_tables(self.positions, self.model.embed.weight.dtype)
             kwargs["rope"] = tuple(t[:, :, start:stop] for t in self._rope)
         with self.timer(width, (keys, n_head), flops):
             return self.model(inp, positions=self.positions[:, start:stop] if positions is None else positions,
