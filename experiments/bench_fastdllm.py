@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
           f"threshold={args.threshold} device={args.device} dtype={args.dtype}; peak "
           f"{hw['peak_flops'] / 1e9:.1f} GFLOP/s, bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s")
     for _name, kw in variants(args):  # warm-up (allocator, kernels) on a short generation
-        run_one(model, ids, args.block_length * 2, args, kw)
+        run_one(model, ids, min(args.block_length * 2, min(args.gen_length)), args, kw)
     header = f"{'gen':>5} {'variant':<18} {'seconds':>8} {'speedup':>8} {'ideal':>7} {'ratio':>6} " \
              f"{'NFE':>5} {'tok/step':>8} {'floor/meas':>10} {'overhead':>8}"
     print(header)
