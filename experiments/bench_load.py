@@ -34,8 +34,7 @@ import torch
 from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
 from experiments.common import REPO, atomic_write_text, git_sha
 from experiments.roofline import call_floor, machine, sync
-from experiments.shapes import REAL, random_model, real_shape
-from experiments.shapes import SHAPES as RANDOM
+from experiments.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
 from experiments.strategy import Strategy
 
 STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")

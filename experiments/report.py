@@ -37,7 +37,7 @@ import numpy as np
 
 from experiments.common import atomic_write_text, read_jsonl
 from dlm.tasks.evaluate import mcnemar_exact
-from experiments.frontier import frontier, render_frontier
+from experiments.frontier import _fmt, frontier, render_frontier
 from experiments.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
 from experiments.strategy import STRATEGY_NAMES
 
@@ -243,10 +243,6 @@ def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed:
             "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
             "config_hashes": {r.strategy: r.config_hashes for r in rows},
             "run_config": run_cfg.get("strategies", {}), "frontier": frontier(rows, base.strategy if base else None)}
-
-
-def _fmt(x: float, spec: str) -> str:
-    return format(x, spec) if math.isfinite(x) else "-"
 
 
 def _speedup_words(meta: dict) -> str:
