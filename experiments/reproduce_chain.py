@@ -21,7 +21,7 @@ NO_FULL = ("baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdll
 
 def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """The chain-task BD3-LM, then per (gen length, shots) a table (n = 300 zero-shot, 100 4-shot)
-    and at gen 256 the curves of ``sweep_fastdllm`` (n = 100) in the same folder."""
+    and at gen 256 and 512 the curves of ``sweep_fastdllm`` (n = 100) in the same folder."""
     chain, bd3 = f"{ck}/llada-chain", f"{ck}/bd3lm-chain-16"
     jobs = [Job("train_bd3lm_chain", "experiments.train_bd3lm",
                 ("--init", chain, "--block-size", 16, "--batch-size", 16, "--steps", 1200, "--warmup", 30,
@@ -34,6 +34,7 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
         ("gsm8k_chain_256", 300, 256, 0, 32, ("table1",), 60.0),
         ("gsm8k_chain_512", 300, 512, 0, 32, NO_FULL, 100.0),
         ("gsm8k_chain_256_4shot", 100, 256, 4, 25, NO_FULL, 25.0),
+        ("gsm8k_chain_512_4shot", 100, 512, 4, 25, NO_FULL, 80.0),
     ]
     for d, n, gen, shots, batch, strategies, cost in tables:
         m = _cap(n, limit)
@@ -46,11 +47,12 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                         (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"), always=True,
                         after=after, cost_min=cost * m / n))
     m = _cap(100, limit)
-    jobs.append(Job("gsm8k_chain_256_sweep", "experiments.gsm8k",
-                    ("--limit", m, "--batch-size", 32, "--gen-length", 256, "--block-length", 32,
-                     "--strategies", "sweep_fastdllm", "--model", chain, "--out", f"{out}/gsm8k_chain_256"),
-                    "accuracy-vs-throughput curves on llada-chain, gen 256: threshold, factor, block length and "
-                    "refresh swept per cache (none, prefix, dual), n = 100",
-                    (), ("gsm8k_chain_256/sw_*.jsonl",), always=True, after=("gsm8k_chain_256",),
-                    cost_min=20.0 * m / 100))
+    for gen, cost in ((256, 20.0), (512, 60.0)):
+        d = f"gsm8k_chain_{gen}"
+        jobs.append(Job(f"{d}_sweep", "experiments.gsm8k",
+                        ("--limit", m, "--batch-size", 32, "--gen-length", gen, "--block-length", 32,
+                         "--strategies", "sweep_fastdllm", "--model", chain, "--out", f"{out}/{d}"),
+                        f"accuracy-vs-throughput curves on llada-chain, gen {gen}: threshold, factor, block length "
+                        "and refresh swept per cache (none, prefix, dual), n = 100",
+                        (), (f"{d}/sw_*.jsonl",), always=True, after=(d,), cost_min=cost * m / 100))
     return jobs
