@@ -116,9 +116,9 @@ class BD3LM(nn.Module):
         return sample(self.model, input_ids, attention_mask, **kwargs)
 
     def perplexity(self, batches: Iterable, generator: Optional[torch.Generator] = None,
-                   exact_ar: bool = False) -> PerplexityResult:
+                   exact_ar: bool = False, passes: int = 1) -> PerplexityResult:
         return perplexity(self.model, batches, self.block_size, generator=generator, exact_ar=exact_ar,
-                          backend=self.backend)
+                          backend=self.backend, passes=passes)
 
     def search_clipping(self, batches: Iterable, grid: Iterable = DEFAULT_GRID,
                         generator: Optional[torch.Generator] = None, update: bool = True) -> ClipSearchResult:

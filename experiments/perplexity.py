@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--eval-chunks", int, "first N test chunks for perplexity"), ("--eval-batch-size", int, ""),
         ("--mc-chunks", int, "test chunks for the MC ELBO"), ("--mc-num", int, "MC samples per chunk"),
         ("--var-chunks", int, "test chunks for Var(NELBO)"), ("--eval-seed", int, ""),
+        ("--eval-passes", int, "passes over the test set averaged for the NELBO (fresh noise each)"),
         ("--out", str, "results dir (default results/)"), ("--work", str, "trainer state dir"),
         ("--device", str, "default cuda if available else cpu"), ("--threads", int, "torch CPU threads")]:
         add(flag, type=typ, default=None, help=hlp)
@@ -121,7 +122,7 @@ def parse_config(argv=None) -> RunConfig:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", run):
         raise ValueError(f"--run must be letters, digits, '_', '.', '-', got {run!r}")
     for flag in ("seq_len", "steps", "batch_size", "micro_batch_size", "d_model", "n_layers", "n_heads",
-                 "mlp_hidden", "eval_chunks", "eval_batch_size", "mc_chunks", "mc_num", "var_chunks",
+                 "mlp_hidden", "eval_chunks", "eval_batch_size", "eval_passes", "mc_chunks", "mc_num", "var_chunks",
                  "threads", "max_train_lines", "max_test_lines"):
         _positive("--" + flag.replace("_", "-"), getattr(a, flag))
     for flag in ("val_chunks", "warmup", "seed", "search_every", "finetune_steps", "var_finetune_steps",
@@ -178,7 +179,8 @@ def parse_config(argv=None) -> RunConfig:
     espec = replace(e0, eval_chunks=pick(a.eval_chunks, e0.eval_chunks),
                     batch_size=pick(a.eval_batch_size, e0.batch_size),
                     mc_chunks=pick(a.mc_chunks, e0.mc_chunks), mc_num=pick(a.mc_num, e0.mc_num),
-                    var_chunks=pick(a.var_chunks, e0.var_chunks), seed=pick(a.eval_seed, e0.seed))
+                    var_chunks=pick(a.var_chunks, e0.var_chunks), seed=pick(a.eval_seed, e0.seed),
+                    passes=pick(a.eval_passes, e0.passes))
     espec = replace(espec, mc_batch_size=min(espec.mc_batch_size, espec.mc_num))
     if espec.mc_num % espec.mc_batch_size:
         raise ValueError(f"--mc-num {espec.mc_num} must be a multiple of {espec.mc_batch_size}")

@@ -330,7 +330,7 @@ def eval_model(name: str, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLo
     test = _batches(data.test, cfg, e.eval_chunks)
     if f"ppl/{name}" not in log.done:
         bd3, t0 = load_bd3(name, paths, cfg), time.perf_counter()
-        r = bd3.perplexity(test, _gen(cfg), exact_ar=bd3.block_size == 1)
+        r = bd3.perplexity(test, _gen(cfg), exact_ar=bd3.block_size == 1, passes=e.passes)
         log.append([_record(cfg, f"ppl/{name}", "ppl", model=name, block_size=bd3.block_size, **r.to_dict(),
                             seconds=time.perf_counter() - t0)])
     if name == "mdlm" and "mc/mdlm" not in log.done:
@@ -366,7 +366,7 @@ def eval_model(name: str, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLo
         use = ft_name if cfg.train.var_finetune_steps else name
         bd3, t0 = load_bd3(use, paths, cfg), time.perf_counter()
         stats = nelbo_variance(bd3.model, var_batches, k, ClipSchedule(b, o), _gen(cfg, 2))
-        ppl = bd3.perplexity(test, _gen(cfg)).to_dict() if use != name else \
+        ppl = bd3.perplexity(test, _gen(cfg), passes=e.passes).to_dict() if use != name else \
             next(r for r in log.records if r["id"] == f"ppl/{name}")
         log.append([_record(cfg, rid, "var", model=name, block_size=k, schedule=label, beta=b, omega=o,
                             evaluated=use, trained_under=[bd3.schedule.beta, bd3.schedule.omega],

@@ -128,12 +128,14 @@ def summarize(per_seed: dict, L: int) -> dict:
     ppl: dict = {}
     for s, recs in per_seed.items():
         for r in table3(recs, {}):
-            ppl.setdefault((r["block_size"], r["model"]), {})[s] = (r["ppl"], r["nelbo"], r["exact"])
+            sem = recs.get(f"ppl/{r['model']}", {}).get("nelbo_sem")  # None: one pass, or exact
+            ppl.setdefault((r["block_size"], r["model"]), {})[s] = (r["ppl"], r["nelbo"], r["exact"], sem)
     models = []
     for (block, name), vals in sorted(ppl.items()):
         seeds = sorted(vals)
         models.append({"model": name, "block_size": block, "seeds": seeds, "exact": vals[seeds[0]][2],
-                       "ppl": [vals[s][0] for s in seeds], "nelbo": [vals[s][1] for s in seeds]})
+                       "ppl": [vals[s][0] for s in seeds], "nelbo": [vals[s][1] for s in seeds],
+                       "sem": [vals[s][3] for s in seeds]})
     by = {m["model"]: m for m in models}
     pairs = []
     rungs = [m for m in LADDER if m in by]
@@ -183,11 +185,17 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
              f"{ident['eval']['seed']}. Data: train `{ident['data']['train']}`, test `{ident['data']['test']}`, "
              f"tokenizer `{ident['data']['tokenizer']}`, L={L}, spans {ident['data'].get('spans', [])}.", "",
              "## Test perplexity, mean ± std over seeds (sample std, ddof 1)", "",
-             "| Model | L' | seeds | test PPL | NELBO (nats/token) | PPL per seed |", "|---|---:|---:|---:|---:|---|"]
+             f"Eval s.e.: the Monte Carlo standard error of one seed's NELBO over the "
+             f"{ident['eval'].get('passes', 1)} passes averaged (largest over seeds; exact for AR), to set "
+             "against the seed std.", "",
+             "| Model | L' | seeds | test PPL | NELBO (nats/token) | eval s.e. | PPL per seed |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for m in summ["models"]:
         bound = "=" if m["exact"] else "≤"
+        sems = [x for x in m["sem"] if x is not None]
+        sem = "exact" if m["exact"] else f"{max(sems):.4f}" if sems else "n/a (1 pass)"
         lines.append(f"| {m['model']} | {m['block_size']} | {len(m['seeds'])} | {bound}{_ms(m['ppl'], 2)} | "
-                     f"{_ms(m['nelbo'], 4)} | {', '.join(f'{p:.2f}' for p in m['ppl'])} |")
+                     f"{_ms(m['nelbo'], 4)} | {sem} | {', '.join(f'{p:.2f}' for p in m['ppl'])} |")
     lines += ["", f"## Ladder order and separation (on the NELBO; separated: {SEPARATION})", "",
               "| pair a < b | mean_b - mean_a | 2·max(std) | ordered | separated |", "|---|---:|---:|---|---|"]
     for p in summ["pairs"]:

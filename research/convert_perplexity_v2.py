@@ -41,7 +41,8 @@ def new_config(old: dict) -> dict:
     return {**old, "data": {**data, "fingerprints": fingerprints}}
 
 
-def convert(path: Path, check: bool) -> str:
+def checked_records(path: Path) -> tuple[list, dict]:
+    """(records, config record) of a run file whose records all carry its config's hash."""
     records = read_jsonl(path)
     cfg = next((r for r in records if r["id"] == "config"), None)
     if cfg is None:
@@ -52,9 +53,12 @@ def convert(path: Path, check: bool) -> str:
     for r in records:
         if r["config_hash"] != h_old:
             raise ValueError(f"{path}: sample {r['id']} has config {r['config_hash']}, the config record {h_old}")
-    if "fingerprints" in cfg["config"]["data"]:
-        return f"{path}: already converted"
-    new_cfg = new_config(cfg["config"])
+    return records, cfg
+
+
+def rehash(path: Path, records: list, old_hash: str, new_cfg: dict, check: bool) -> str:
+    """Rewrite ``records`` under ``new_cfg``'s hash (the config record also with ``new_cfg``),
+    every other field unchanged (asserted); atomically unless ``check``."""
     h_new = config_hash(new_cfg)
     out = []
     for r in records:
@@ -64,7 +68,14 @@ def convert(path: Path, check: bool) -> str:
         out.append(new)
     if not check:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in out))
-    return f"{path}: {len(out)} records, config {h_old} -> {h_new}{' (--check: nothing written)' if check else ''}"
+    return f"{path}: {len(out)} records, config {old_hash} -> {h_new}{' (--check: nothing written)' if check else ''}"
+
+
+def convert(path: Path, check: bool) -> str:
+    records, cfg = checked_records(path)
+    if "fingerprints" in cfg["config"]["data"]:
+        return f"{path}: already converted"
+    return rehash(path, records, cfg["config_hash"], new_config(cfg["config"]), check)
 
 
 def main(argv=None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -167,3 +169,23 @@ def test_bad_batches():
         BD3Objective(5, backend="cuda")
     with pytest.raises(ValueError, match="exact_ar"):
         perplexity(model, [x], 5, exact_ar=True)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="passes"):
+            perplexity(model, [x], 5, generator=gen(), passes=bad)
+
+
+def test_perplexity_passes_average_fresh_noise():
+    """``passes=K`` is the mean of K one-pass estimates drawn in turn from the same generator,
+    with their standard error; the exact AR NLL is deterministic and runs once."""
+    model = tiny_model()
+    x = random_prompts(4, 10, model.config, seed=3)
+    g = gen()
+    singles = [perplexity(model, [x[:2], x[2:]], 5, generator=g).nelbo for _ in range(4)]
+    assert len(set(singles)) == 4  # fresh noise each pass
+    out = perplexity(model, [x[:2], x[2:]], 5, generator=gen(), passes=4)
+    assert out.passes == 4 and out.tokens == 40 and list(out.pass_nelbo) == pytest.approx(singles, rel=1e-12)
+    assert out.nelbo == pytest.approx(sum(singles) / 4, rel=1e-12)
+    assert out.sem == pytest.approx(statistics.stdev(singles) / 2, rel=1e-9)
+    assert out.to_dict()["passes"] == 4 and "passes" not in perplexity(model, [x], 5, generator=gen()).to_dict()
+    ar = perplexity(model, [x], 1, exact_ar=True, passes=8)
+    assert ar.passes == 1 and ar.sem is None and ar.nelbo == perplexity(model, [x], 1, exact_ar=True).nelbo

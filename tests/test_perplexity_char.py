@@ -109,11 +109,16 @@ def test_seeds_are_separate_runs(tmp_path):
         assert (out / "checkpoints" / f"perplexity-t-s{s}-bd4" / "model.safetensors").is_file()
     assert recs[0]["config"]["config_hash"] != recs[1]["config"]["config_hash"]
     assert recs[0]["ppl/ar"]["nelbo"] != recs[1]["ppl/ar"]["nelbo"]  # other init and batches
+    bd4 = recs[0]["ppl/bd4"]  # the preset averages 16 passes; the exact AR NLL needs one
+    assert bd4["passes"] == 16 and bd4["nelbo"] == pytest.approx(statistics.fmean(bd4["pass_nelbo"]), rel=1e-12)
+    assert bd4["nelbo_sem"] == pytest.approx(statistics.stdev(bd4["pass_nelbo"]) / 4, rel=1e-9)
+    assert "passes" not in recs[0]["ppl/ar"] and recs[0]["config"]["config"]["eval"]["passes"] == 16
     mc = recs[0]["mc/mdlm"]
     assert len(mc["chunk_mc_nats"]) == len(mc["chunk_nelbo_nats"]) == 4 and mc["nelbo_reps"] == 4
     assert mc["nelbo"] == pytest.approx(sum(mc["chunk_mc_nats"]) / mc["tokens"])
     text = md.read_text()
     assert "[0, 1] of [0, 1]" in text and SEPARATION in text and "95% t interval" in text and "Clipping" in text
+    assert "| eval s.e. |" in text and "| ar | 1 | 2 |" in text and "| exact |" in text
     # one pass of chunk_nelbo is bd3.perplexity's estimate on the same chunks and noise
     one = seed_configs(cfg)[0]
     bd3 = jobs.load_bd3("mdlm", jobs.Paths(one), one)
@@ -127,7 +132,7 @@ def test_seeds_are_separate_runs(tmp_path):
 
 
 @pytest.mark.parametrize("extra, match", [(["--seeds", "0", "0"], "--seeds"), (["--seeds", "0", "--seed", "1"], "--seeds"),
-                                          (["--seeds", "-1"], "--seeds")])
+                                          (["--seeds", "-1"], "--seeds"), (["--eval-passes", "0"], "--eval-passes")])
 def test_bad_seeds(tmp_path, extra, match):
     with pytest.raises(ValueError, match=match):
         parse_config(_argv(tmp_path, *extra))
@@ -136,6 +141,12 @@ def test_bad_seeds(tmp_path, extra, match):
 def test_single_seed_keeps_the_run_name(tmp_path):
     cfg = parse_config(_argv(tmp_path, "--seed", "3"))
     assert cfg.seeds == () and cfg.train.seed == 3 and cfg.run == "t"
+
+
+def test_eval_passes_enter_the_identity_only_when_set(tmp_path):
+    assert parse_config(_argv(tmp_path)).identity()["eval"]["passes"] == 16  # the char preset's
+    assert parse_config(_argv(tmp_path, "--eval-passes", "4")).identity()["eval"]["passes"] == 4
+    assert "passes" not in parse_config(["eval", "--preset", "laptop"]).identity()["eval"]  # hash unchanged
 
 
 # ----------------------------------------------------------------------------------- statistics
