@@ -277,3 +277,30 @@ def test_mc_perplexity_exact_for_one_token():
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.full_like(x, model.config.mask_token_id))[:, 0], -1)
     assert res["tokens"] == 3 and res["nelbo"] == pytest.approx(-float(logp.gather(1, x).mean()), rel=1e-9)
+
+
+def test_convert_to_more_eval_passes_keeps_training_drops_eval(tmp_path, capsys):
+    from research import convert_perplexity_passes as conv
+
+    one = parse_config(["eval", "--preset", "laptop", "--out", str(tmp_path)])
+    new = parse_config(["eval", "--preset", "laptop", "--eval-passes", "4", "--out", str(tmp_path)])
+    h_old, h_new = config_hash(one.identity()), config_hash(new.identity())
+    base = {"run": "laptop", "git_sha": "abc", "seed": 0, "eval_seed": 1234}
+    recs = [{"id": "config", "kind": "config", "config_hash": h_old, **base, "config": one.identity()},
+            {"id": "train/ar", "kind": "train", "config_hash": h_old, **base, "steps": 10},
+            {"id": "ppl/ar", "kind": "ppl", "config_hash": h_old, **base, "ppl": 514.5, "nelbo": 6.2},
+            {"id": "var/bd4/U[0,1]", "kind": "var", "config_hash": h_old, **base, "var_nelbo": 1.0}]
+    path = tmp_path / "perplexity_laptop.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ValueError, match=r"eval\.passes"):
+        jobs.open_log(new, jobs.Paths(new))  # the one-pass run is refused under the 4-pass config
+    conv.main([str(path), "--passes", "4"])
+    got = read_jsonl(path)
+    assert [r["id"] for r in got] == ["config", "train/ar"] and {r["config_hash"] for r in got} == {h_new}
+    assert got[0]["config"] == json.loads(json.dumps(new.identity())) and got[1]["steps"] == 10
+    jobs.open_log(new, jobs.Paths(new)).close()  # now accepted: eval reruns, training is kept
+    text = path.read_text()
+    conv.main([str(path), "--passes", "4"])
+    assert path.read_text() == text and "already" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--passes"):
+        conv.main([str(path), "--passes", "1"])
