@@ -186,7 +186,9 @@ def bd3_logits(model, x_t: Tensor, x0: Tensor, block_size: int, *, prompt: Optio
         key_keep = torch.cat(kp + [k, k[:, :R - block_size]], dim=1)  # (B, N)
     build = flex_bd3_mask if backend == "flex" else dense_bd3_mask
     mask = build(R, block_size, P, key_keep=key_keep, device=dev)
-    return model(inp, positions=pos, attn_mask=mask, backend=backend, logits_slice=slice(P, P + R))
+    # the clean half's last-layer outputs feed nothing: its queries and MLP are skipped there
+    return model(inp, positions=pos, attn_mask=mask, backend=backend, logits_slice=slice(P, P + R),
+                 prune_last_layer=backend != "flex")
 
 
 def subs_nll(logits: Tensor, targets: Tensor, mask_id: int) -> Tensor:

@@ -134,16 +134,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: MaskLike, backend: str,
-                cache: Optional[KVCache], layer: int, start: int) -> Tensor:
+                cache: Optional[KVCache], layer: int, start: int, rows: Optional[slice] = None) -> Tensor:
+        """``rows``: queries (and the output) only for these columns; K/V for all of them."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
+        xq, cq, sq = (x, cos, sin) if rows is None else (x[:, rows], cos[:, :, rows], sin[:, :, rows])
+        if rows is not None and isinstance(mask, Tensor) and mask.dim() >= 2 and mask.shape[-2] == T:
+            mask = mask[..., rows, :]  # (..., T', K)
+        Tq = xq.shape[1]
+        q = self.q_proj(xq).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T', D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cq, sq), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.layer_kv(layer, k, v, start)  # (B, Hkv, K, D)
-        out = attend(q, k, v, mask, backend)  # (B, Hq, T, D)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        out = attend(q, k, v, mask, backend)  # (B, Hq, T', D)
+        return self.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
 
 
 class MLP(nn.Module):
@@ -165,8 +170,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, backend, cache, layer, start) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, backend, cache, layer, start)
+    def forward(self, x, cos, sin, mask, backend, cache, layer, start, rows: Optional[slice] = None) -> Tensor:
+        a = self.attn(self.attn_norm(x), cos, sin, mask, backend, cache, layer, start, rows)
+        x = (x if rows is None else x[:, rows]) + a
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -202,12 +208,15 @@ class Transformer(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def body(self, input_ids: Tensor, cos: Tensor, sin: Tensor, attn_mask: MaskLike, backend: str,
-             cache: Optional[KVCache], start: int) -> Tensor:
+             cache: Optional[KVCache], start: int, last_rows: Optional[slice] = None) -> Tensor:
         """Embedding, blocks and final norm of the window (its K/V written into ``cache``), then
-        Dream's shift: (B, W) ids -> (B, W, d) hidden states, column ``i`` predicting token ``i``."""
+        Dream's shift: (B, W) ids -> (B, W, d) hidden states, column ``i`` predicting token ``i``.
+        ``last_rows``: the last block computes queries, attention output and MLP for these
+        columns only (B, W', d): no later layer reads the others' final hidden states."""
         x = self.embed(input_ids)  # (B, W, d)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn_mask, backend, cache, i, start)
+            x = layer(x, cos, sin, attn_mask, backend, cache, i, start, last_rows if i == last else None)
         x = self.norm(x)  # (B, W, d)
         if self.config.shift_logits:
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
@@ -227,6 +236,7 @@ class Transformer(nn.Module):
         return_hidden: bool = False,
         rope: Optional[tuple[Tensor, Tensor]] = None,
         body: Optional[Callable[..., Tensor]] = None,
+        prune_last_layer: bool = False,
     ) -> Tensor:
         """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``.
 
@@ -239,6 +249,11 @@ class Transformer(nn.Module):
         (a sampler computes them once per call; ``positions`` is then not read).
         body: a stand-in for :meth:`body` with its signature (:mod:`dlm.compiled` passes the
         compiled one; the checks, the cache's length and the LM head stay here, eager).
+        prune_last_layer: with ``logits_slice``, the last block runs its queries, attention output
+        and MLP on the slice's columns only (their K/V still on all): the same logits for less
+        compute when the slice is a fraction of the window (BD3-LM's clean x_0 half); every
+        column's K/V still goes to ``cache``. Needs a dense or no mask and an unshifted model
+        (ValueError otherwise).
         Returns (B, W', V) logits (aligned to predicted tokens) or hidden states if requested.
         """
         B, W = input_ids.shape
@@ -250,11 +265,16 @@ class Transformer(nn.Module):
             cache.check_window(start, W)
         elif start != 0 or commit:
             raise ValueError("start/commit need a cache")
+        prune = prune_last_layer and logits_slice is not None
+        if prune and (self.config.shift_logits or not (attn_mask is None or isinstance(attn_mask, Tensor))):
+            raise ValueError("prune_last_layer needs a dense or no attn_mask and an unshifted model "
+                             "(shift_logits=False)")
         cos, sin = self.rope_tables(positions, self.embed.weight.dtype) if rope is None else rope
-        x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start)  # (B, W, d)
+        rows = logits_slice if prune else None
+        x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start, rows)  # (B, W or W', d)
         if cache is not None and commit:
             cache.advance(start + W)
-        if logits_slice is not None:
+        if logits_slice is not None and not prune:
             x = x[:, logits_slice]
         if return_hidden:
             return x

@@ -38,7 +38,7 @@ import functools
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     p.add_argument("--d-model", type=int, default=192)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=6)
-    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--max-seq-len", type=int, default=1024,
+                   help="with --init: raised to this when the checkpoint's is shorter (a longer-context fine-tune)")
     p.add_argument("--max-value", type=int, default=50)
     p.add_argument("--min-steps-per-problem", type=int, default=1)
     p.add_argument("--max-steps-per-problem", type=int, default=2)
@@ -146,6 +147,8 @@ def main(argv=None) -> None:
                                          direct_prob=args.direct_prob))
     if args.init:
         model, _ = load_model(args.init, dtype=torch.float32)
+        if args.max_seq_len > model.config.max_seq_len:  # RoPE has no table to grow: only the limit moves
+            model.config = replace(model.config, max_seq_len=args.max_seq_len)
     else:
         model = build_model(tok, args.d_model, args.n_layers, args.n_heads, args.max_seq_len, args.seed,
                             args.family)
