@@ -20,7 +20,8 @@ NO_FULL = ("baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdll
 
 
 def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
-    """The chain-task BD3-LM, then per (gen length, shots) a table (n = 300 zero-shot, 100 4-shot)
+    """The chain-task BD3-LM and 2048-context LLaDA, then per (gen length, shots) a table (n = 300
+    zero-shot, 100 4-shot)
     and at gen 256 and 512 the curves of ``sweep_fastdllm`` (n = 100) in the same folder."""
     chain, bd3 = f"{ck}/llada-chain", f"{ck}/bd3lm-chain-16"
     jobs = [Job("train_bd3lm_chain", "experiments.train_bd3lm",
@@ -29,23 +30,39 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                 "BD3-LM on the chain task: llada-chain fine-tuned block-causal at L'=16 (60% few-shot batches)",
                 ("checkpoints/bd3lm-chain-16/config.json",), after=("train_llada_chain",), cost_min=25,
                 export=(f"{work}/bd3lm-chain-16/model", f"{ck}/bd3lm-chain-16"), training=True)]
+    jobs.append(Job("train_llada_chain_2k", "experiments.train_llada",
+                    ("--init", chain, "--out", f"{work}/llada-chain-2k", "--max-seq-len", 2048, "--steps", 300,
+                     "--lr", 3e-4, "--warmup", 20, "--eval-every", 300, "--save-every", 50, "--seed", 2,
+                     "--min-steps-per-problem", 5, "--max-steps-per-problem", 5, "--cot", "terse", "--direct-prob", 0,
+                     "--fewshot-prob", 0.3, "--shots-per-batch", "--batch-size", 16,
+                     "--response-lengths", 64, 256, 512, 1024, "--response-probs", 0.4, 0.2, 0.2, 0.2,
+                     "--suffix-prob", 0.9, "--max-value", 9, "--weighting", "uniform", "--ema", 0),
+                    "llada-chain with a 2048-token context: 300 steps with 20% gen-1024 batches, for the gen "
+                    "1024 4-shot table (a 416-token prompt + 1024 columns exceed llada-chain's 1024)",
+                    ("checkpoints/llada-chain-2k/config.json",), after=("train_llada_chain",), cost_min=8,
+                    export=(f"{work}/llada-chain-2k/model", f"{ck}/llada-chain-2k"), training=True))
     after = ("train_llada_chain", "train_bd3lm_chain") if full else ()
-    tables = [  # (dir, n, gen, shots, batch, strategies, cost per n core-minutes)
-        ("gsm8k_chain_256", 300, 256, 0, 32, ("table1",), 60.0),
-        ("gsm8k_chain_512", 300, 512, 0, 32, NO_FULL, 100.0),
-        ("gsm8k_chain_256_4shot", 100, 256, 4, 25, NO_FULL, 25.0),
-        ("gsm8k_chain_512_4shot", 100, 512, 4, 25, NO_FULL, 80.0),
+    no_bd3 = tuple(s for s in NO_FULL if s != "bd3lm")
+    tables = [  # (dir, model, n, gen, shots, batch, strategies, cost per n core-minutes)
+        ("gsm8k_chain_256", "llada-chain", 300, 256, 0, 32, ("table1",), 60.0),
+        ("gsm8k_chain_512", "llada-chain", 300, 512, 0, 32, NO_FULL, 100.0),
+        ("gsm8k_chain_256_4shot", "llada-chain", 100, 256, 4, 25, NO_FULL, 25.0),
+        ("gsm8k_chain_512_4shot", "llada-chain", 100, 512, 4, 25, NO_FULL, 80.0),
+        # bd3lm-chain-16's context is 1024 too: this table has no BD3-LM row
+        ("gsm8k_chain_1024_4shot", "llada-chain-2k", 100, 1024, 4, 25, no_bd3, 330.0),
     ]
-    for d, n, gen, shots, batch, strategies, cost in tables:
+    for d, name, n, gen, shots, batch, strategies, cost in tables:
         m = _cap(n, limit)
+        bd3_args = ("--bd3-model", bd3) if name == "llada-chain" else ()  # the BD3-LM row's model
         jobs.append(Job(d, "experiments.gsm8k",
                         ("--limit", m, "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
-                         "--num-fewshot", shots, "--strategies", *strategies, "--model", chain, "--bd3-model", bd3,
+                         "--num-fewshot", shots, "--strategies", *strategies, "--model", f"{ck}/{name}", *bd3_args,
                          "--out", f"{out}/{d}"),
-                        f"strategy table on llada-chain, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
-                        "baseline stopped at EOS, BD3-LM", tuple(f"{d}/{f}" for f in REPORT),
-                        (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"), always=True,
-                        after=after, cost_min=cost * m / n))
+                        f"strategy table on {name}, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
+                        f"baseline stopped at EOS{', BD3-LM' if bd3_args else ''}", tuple(f"{d}/{f}" for f in REPORT),
+                        (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl") + ((f"{d}/bd3lm.jsonl",) if bd3_args else ()),
+                        always=True, after=after + (("train_llada_chain_2k",) if full and name != "llada-chain" else ()),
+                        cost_min=cost * m / n))
     m = _cap(100, limit)
     for gen, cost in ((256, 20.0), (512, 60.0)):
         d = f"gsm8k_chain_{gen}"

@@ -134,6 +134,23 @@ def test_training_flop_ratios_of_the_benchmark():
     N = num_columns(32, 4)
     pairs = sum(bool(bd3_mask(torch.tensor(q), torch.tensor(k), 32, 4)) for q in range(N) for k in range(N))
     assert pairs == int(dense_bd3_mask(32, 4).sum())
+    # pruned: layer by layer from the model's own parameter counts (the last layer computes K/V for
+    # all N rows, everything else for the 32 noisy rows only, over the pairs those rows see)
+    from dlm.model import Transformer
+
+    model = Transformer(cfg)
+    head = 2 * cfg.d_model * cfg.vocab_size * 32
+    layer = sum(p.numel() for p in model.layers[0].parameters())
+    kv = sum(p.numel() for n, p in model.layers[0].named_parameters() if n.startswith(("attn.k_proj", "attn.v_proj")))
+    mask = dense_bd3_mask(32, 4)[0, 0]
+    noisy_pairs = int(mask[:32].sum())
+    final = 2 * (cfg.num_params(include_embeddings=False) - cfg.n_layers * layer) * N  # the final norm
+    full = (cfg.n_layers - 1) * (2 * layer * N + 4 * cfg.d_model * pairs) + final + head
+    last = 2 * kv * N + 2 * (layer - kv) * 32 + 4 * cfg.d_model * noisy_pairs
+    mdlm = cfg.n_layers * (2 * layer * 32 + 4 * cfg.d_model * 32 * 32) + 2 * (final // (2 * N)) * 32 + head
+    assert r["flop_ratio_sparse_pruned"] == pytest.approx((full + last) / mdlm, rel=2e-3)
+    assert r["flop_ratio_sparse_pruned"] < r["flop_ratio_sparse"] and r["flop_ratio_dense_pruned"] < r["flop_ratio_dense"]
+    assert one["flop_ratio_dense_pruned"] == pytest.approx(1.0) and one["flop_ratio_sparse_pruned"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("R,bs,P", [(32, 4, 0), (24, 8, 5), (64, 16, 0)])
