@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -319,7 +320,8 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
                                        "model_weights": j.loaded.weights}
     if prev and json.dumps(strategies, default=str) == json.dumps(prev.get("strategies"), default=str):
         return  # nothing new: keep the commit and command that wrote these strategies
-    meta = {"git_sha": sha, "argv": sys.argv[1:], "baseline": cfg.baseline, "strategies": strategies}
+    argv = [repo_relative(a) if os.path.isabs(a) else a for a in sys.argv[1:]]  # no checkout paths in results
+    meta = {"git_sha": sha, "argv": argv, "baseline": cfg.baseline, "strategies": strategies}
     atomic_write_text(path, json.dumps(meta, indent=2, default=str) + "\n")
 
 

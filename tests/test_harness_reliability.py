@@ -10,7 +10,7 @@ import pytest
 
 from experiments import gsm8k
 from experiments.common import read_jsonl
-from test_gsm8k_harness import TWO, FakeClock, ckpt, run  # noqa: F401  (ckpt: fixture)
+from test_gsm8k_harness import TWO, FakeClock, argv, ckpt, run  # noqa: F401  (ckpt: fixture)
 
 
 def test_per_sample_costs_do_not_depend_on_the_batch_size(ckpt, tmp_path):
@@ -79,3 +79,16 @@ def test_dtype_auto_is_hashed_as_the_dtype_it_resolves_to(ckpt, tmp_path):
     cfg = {k: json.loads((tmp_path / k / "config.json").read_text())["strategies"]["baseline_semiar"]
            for k in ("a", "b")}
     assert cfg["a"]["config"]["dtype"] == "float32" and cfg["a"]["config_hash"] == cfg["b"]["config_hash"]
+
+
+def test_config_records_checkout_paths_relative(ckpt, tmp_path, monkeypatch):
+    """An absolute path inside the checkout is recorded relative to it (results carry no machine's
+    paths); one outside it stays as given."""
+    from experiments.common import REPO
+
+    inside = REPO / "results" / "checkpoints" / "llada-arith"
+    monkeypatch.setattr("sys.argv", ["gsm8k", "--model", str(inside), "--out", str(tmp_path / "o"), "--limit", "4"])
+    cfg = gsm8k.parse_config(argv(ckpt, tmp_path / "o", "--strategies", "baseline_semiar"))
+    gsm8k.write_config(cfg, [], "abc")
+    got = json.loads((tmp_path / "o" / "config.json").read_text())["argv"]
+    assert got[:2] == ["--model", "results/checkpoints/llada-arith"] and got[3] == str(tmp_path / "o")
