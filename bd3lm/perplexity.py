@@ -4,7 +4,8 @@
 *unclipped* schedule ``t ~ U[0, 1]`` (low-discrepancy over batch x blocks). The NELBO upper
 bounds the NLL, so this perplexity upper bounds the true one; it is what BD3-LM Tables 1-3
 report. The estimate is Monte Carlo (t and the masks are drawn): ``passes=K`` averages K passes
-over the data with fresh noise and reports the pass-to-pass standard error of the mean. For ``L' = 1`` the exact AR NLL is available: ``exact_ar=True`` masks every token
+over the data with fresh noise and reports the pass-to-pass standard error of the mean.
+For ``L' = 1`` the exact AR NLL is available: ``exact_ar=True`` masks every token
 (``t = 1``, weight 1), so each token is predicted from the clean tokens before it.
 """
 
@@ -25,8 +26,8 @@ from .schedules import UNCLIPPED
 @dataclass(frozen=True)
 class PerplexityResult:
     """``nelbo``: nats per token, the mean over ``passes``; ``ppl = exp(nelbo)``; ``tokens`` and
-    ``total_nats``: tokens scored and nats per pass; ``pass_nelbo``: each pass's estimate; ``sem``: their standard
-    error of the mean (None for one pass or the exact AR NLL)."""
+    ``total_nats``: tokens scored and nats per pass; ``pass_nelbo``: each pass's estimate;
+    ``sem``: their standard error of the mean (None for one pass or the exact AR NLL)."""
 
     nelbo: float
     ppl: float

@@ -54,15 +54,15 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     for d, name, n, gen, shots, batch, strategies, cost in tables:
         m = _cap(n, limit)
         bd3_args = ("--bd3-model", bd3) if name == "llada-chain" else ()  # the BD3-LM row's model
+        needs = after + (("train_llada_chain_2k",) if full and name != "llada-chain" else ())
         jobs.append(Job(d, "experiments.gsm8k",
                         ("--limit", m, "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
                          "--num-fewshot", shots, "--strategies", *strategies, "--model", f"{ck}/{name}", *bd3_args,
                          "--out", f"{out}/{d}"),
                         f"strategy table on {name}, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
                         f"baseline stopped at EOS{', BD3-LM' if bd3_args else ''}", tuple(f"{d}/{f}" for f in REPORT),
-                        (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl") + ((f"{d}/bd3lm.jsonl",) if bd3_args else ()),
-                        always=True, after=after + (("train_llada_chain_2k",) if full and name != "llada-chain" else ()),
-                        cost_min=cost * m / n))
+                        (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", *([f"{d}/bd3lm.jsonl"] if bd3_args else [])),
+                        always=True, after=needs, cost_min=cost * m / n))
     # the EOS-stopped baseline decodes the baseline's tokens up to EOS (tested), so its answers are
     # the baseline's: the accuracy comparisons at gen 1024 get n = 100 at a sixteenth of the cost
     m = _cap(100, limit)
