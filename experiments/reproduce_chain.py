@@ -69,13 +69,13 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     d = "gsm8k_chain_1024_4shot_eos"
     jobs.append(Job(d, "experiments.gsm8k",
                     ("--limit", m, "--batch-size", 25, "--gen-length", 1024, "--block-length", 32, "--num-fewshot", 4,
-                     "--strategies", "baseline_semiar_eos", "fastdllm_dual", "fastdllm_threshold", "fastdllm_factor",
+                     "--strategies", "baseline_semiar_eos", "fastdllm_threshold", "fastdllm_factor",
                      "fastdllm_prefix_threshold", "fastdllm_dual_threshold", "--baseline", "baseline_semiar_eos",
                      "--model", f"{ck}/llada-chain-2k", "--out", f"{out}/{d}"),
                     "gen 1024 4-shot on llada-chain-2k, n = 100, against the EOS-stopped baseline (the baseline's "
                     "answers): accuracy at a deciding n", tuple(f"{d}/{f}" for f in REPORT),
                     (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl"), always=True,
-                    after=("train_llada_chain_2k",) if full else (), cost_min=45.0 * m / 100))
+                    after=("train_llada_chain_2k",) if full else (), cost_min=30.0 * m / 100))
     for gen, cost in ((256, 20.0), (512, 60.0)):
         d = f"gsm8k_chain_{gen}"
         jobs.append(Job(f"{d}_sweep", "experiments.gsm8k",
