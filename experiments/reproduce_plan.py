@@ -116,6 +116,14 @@ def training_jobs(out: str, work: str) -> list[Job]:
             "its checkpoints (32 MB) are not committed",
             (*(f"perplexity_char-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
              "perplexity_char_seeds.md", "perplexity_char_seeds.csv"), cost_min=60, training=True),
+        # one epoch leaves the seeds as far apart as the rungs (docs/perplexity_char.md): three
+        Job("train_ppl_char_long", "experiments.perplexity",
+            ("all", "--preset", "char", "--run", "char-long", "--steps", 3000, "--search-every", 750, "--out", out,
+             "--work", f"{work}/perplexity-char-long"),
+            "the character-level ladder trained 3 epochs (3000 steps), 5 models x 3 seeds: does the seed spread "
+            "shrink enough to separate the rungs?",
+            (*(f"perplexity_char-long-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
+             "perplexity_char-long_seeds.md", "perplexity_char-long_seeds.csv"), cost_min=185, training=True),
     ]
 
 
@@ -131,7 +139,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     was made), its strategy table under Fast-dLLM's Dream rules, the rule-set comparison, and the
     cache policies side by side on ``llada-chain``."""
     dream, after = f"{ck}/dream-arith", (("train_dream",) if full else ())
-    n, n_caches = _cap(128, limit), _cap(200, limit)
+    n, n_table, n_caches = _cap(128, limit), _cap(300, limit), _cap(200, limit)
     report = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
     return [
         Job("train_dream_ar", "experiments.train_llada",
@@ -157,11 +165,11 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             after=("train_dream_p1",), cost_min=15, export=(f"{work}/dream-p2/model", f"{ck}/dream-arith"),
             training=True),
         Job("gsm8k_dream_256", "experiments.gsm8k",
-            ("--limit", n, "--batch-size", 32, "--gen-length", 256, "--block-length", 32, "--num-fewshot", 0,
+            ("--limit", n_table, "--batch-size", 32, "--gen-length", 256, "--block-length", 32, "--num-fewshot", 0,
              "--strategies", *DREAM_STRATEGIES, "--model", dream, "--out", f"{out}/gsm8k_dream_256"),
-            "GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen 256, 0-shot",
+            "GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen 256, 0-shot, n = 300",
             tuple(f"gsm8k_dream_256/{f}" for f in report), ("gsm8k_dream_256/*.jsonl",), always=True, after=after,
-            cost_min=40.0 * n / 128),
+            cost_min=40.0 * n_table / 128),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
             "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",
