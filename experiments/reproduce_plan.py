@@ -116,7 +116,7 @@ def training_jobs(out: str, work: str) -> list[Job]:
             "its checkpoints (32 MB) are not committed",
             (*(f"perplexity_char-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
              "perplexity_char_seeds.md", "perplexity_char_seeds.csv"), cost_min=60, training=True),
-        # one epoch leaves the seeds as far apart as the rungs (docs/perplexity_char.md): three
+        # one epoch leaves the seeds as far apart as the rungs (docs/perplexity_char.md): three epochs
         Job("train_ppl_char_long", "experiments.perplexity",
             ("all", "--preset", "char", "--run", "char-long", "--steps", 3000, "--search-every", 750, "--out", out,
              "--work", f"{work}/perplexity-char-long"),
@@ -169,7 +169,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--strategies", *DREAM_STRATEGIES, "--model", dream, "--out", f"{out}/gsm8k_dream_256"),
             "GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen 256, 0-shot, n = 300",
             tuple(f"gsm8k_dream_256/{f}" for f in report), ("gsm8k_dream_256/*.jsonl",), always=True, after=after,
-            cost_min=40.0 * n_table / 128),
+            cost_min=14.0 * n_table / 100),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
             "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",
