@@ -63,19 +63,7 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                         f"baseline stopped at EOS{', BD3-LM' if bd3_args else ''}", tuple(f"{d}/{f}" for f in REPORT),
                         (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", *([f"{d}/bd3lm.jsonl"] if bd3_args else [])),
                         always=True, after=needs, cost_min=cost * m / n))
-    # the EOS-stopped baseline decodes the baseline's tokens up to EOS (tested), so its answers are
-    # the baseline's: the accuracy comparisons at gen 1024 get n = 100 at a sixteenth of the cost
-    m = _cap(100, limit)
-    d = "gsm8k_chain_1024_4shot_eos"
-    jobs.append(Job(d, "experiments.gsm8k",
-                    ("--limit", m, "--batch-size", 25, "--gen-length", 1024, "--block-length", 32, "--num-fewshot", 4,
-                     "--strategies", "baseline_semiar_eos", "fastdllm_threshold", "fastdllm_factor",
-                     "fastdllm_prefix_threshold", "fastdllm_dual_threshold", "--baseline", "baseline_semiar_eos",
-                     "--model", f"{ck}/llada-chain-2k", "--out", f"{out}/{d}"),
-                    "gen 1024 4-shot on llada-chain-2k, n = 100, against the EOS-stopped baseline (the baseline's "
-                    "answers): accuracy at a deciding n", tuple(f"{d}/{f}" for f in REPORT),
-                    (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl"), always=True,
-                    after=("train_llada_chain_2k",) if full else (), cost_min=30.0 * m / 100))
+    m = _cap(100, limit)  # the curves' points
     for gen, cost in ((256, 20.0), (512, 60.0)):
         d = f"gsm8k_chain_{gen}"
         jobs.append(Job(f"{d}_sweep", "experiments.gsm8k",

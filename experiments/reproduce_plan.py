@@ -114,17 +114,21 @@ def training_jobs(out: str, work: str) -> list[Job]:
             ("all", "--preset", "char", "--out", out, "--work", f"{work}/perplexity-char"),
             "character-level perplexity ladder (tinyshakespeare), 5 models x 3 seeds, trained and evaluated; "
             "its checkpoints (32 MB) are not committed",
-            (*(f"perplexity_char-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
-             "perplexity_char_seeds.md", "perplexity_char_seeds.csv"), cost_min=60, training=True),
+            _seed_files("char"), cost_min=60, training=True),
         # one epoch leaves the seeds as far apart as the rungs (docs/perplexity_char.md): three epochs
         Job("train_ppl_char_long", "experiments.perplexity",
             ("all", "--preset", "char", "--run", "char-long", "--steps", 3000, "--search-every", 750, "--out", out,
              "--work", f"{work}/perplexity-char-long"),
             "the character-level ladder trained 3 epochs (3000 steps), 5 models x 3 seeds: does the seed spread "
             "shrink enough to separate the rungs?",
-            (*(f"perplexity_char-long-s{s}.{e}" for s in range(3) for e in ("jsonl", "md", "csv", "png")),
-             "perplexity_char-long_seeds.md", "perplexity_char-long_seeds.csv"), cost_min=185, training=True),
+            _seed_files("char-long"), cost_min=185, training=True),
     ]
+
+
+def _seed_files(run: str, seeds: int = 3) -> tuple:
+    """What ``experiments.perplexity --run <run>`` writes for seeds 0..seeds-1, with the across-seed report."""
+    per_seed = (f"perplexity_{run}-s{s}.{e}" for s in range(seeds) for e in ("jsonl", "md", "csv", "png"))
+    return (*per_seed, f"perplexity_{run}_seeds.md", f"perplexity_{run}_seeds.csv")
 
 
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
