@@ -7,7 +7,8 @@ baseline, the FLOP-count ideal speed-up (``dlm.stats.forward_flops`` summed over
 and their ratio, NFE and tokens per step, and the roofline (:mod:`experiments.roofline`): each
 call's floor ``sum over forwards of max(FLOPs / peak, bytes / bandwidth)`` with peak and
 bandwidth measured here, ``floor / measured`` for the call and per forward kind (block-start
-refresh, cached window), and on CUDA each call's peak memory. ``--out DIR`` writes ``DIR/<name>.md``
+refresh, cached window), the call's matmuls timed alone at their shapes over the measured time
+(the share the BLAS sets), and on CUDA each call's peak memory. ``--out DIR`` writes ``DIR/<name>.md``
 and ``.json``. Presets: random weights at a size of :mod:`experiments.shapes`, or at LLaDA-8B's /
 Dream-7B's real shape (``llada8b`` / ``dream7b``, read from the data mirror's config.json).
 
@@ -138,7 +139,7 @@ def main(argv=None) -> dict:
     for _name, kw in variants(args):  # warm-up (allocator, kernels) on a short generation
         run_one(model, ids, min(args.block_length * 2, min(args.gen_length)), args, kw)
     header = f"{'gen':>5} {'variant':<18} {'seconds':>8} {'speedup':>8} {'ideal':>7} {'ratio':>6} " \
-             f"{'NFE':>5} {'tok/step':>8} {'floor/meas':>10} {'overhead':>8}"
+             f"{'NFE':>5} {'tok/step':>8} {'floor/meas':>10} {'mm/meas':>7} {'overhead':>8}"
     print(header)
     print("-" * len(header))
     rows, t0 = [], time.perf_counter()
@@ -155,17 +156,21 @@ def main(argv=None) -> dict:
                 base_seconds, base_flops = stats.seconds, flops
             speedup, ideal = base_seconds / stats.seconds, base_flops / flops
             floor = call_floor(model, stats, args.batch_size, hw)
+            per_kind = kinds(model, stats, args.batch_size, hw, matmuls=True)
+            matmul_s = sum(k["forwards"] * k["matmul_each"] for k in per_kind)
             rows.append({"gen_length": gen_length, "variant": name, "seconds": stats.seconds, "speedup": speedup,
                          "flop_ideal": ideal, "ratio": speedup / ideal, "nfe": stats.nfe,
                          "tokens_per_step": stats.tokens_per_step, "floor_s": floor,
-                         "floor_over_measured": floor / stats.seconds,
+                         "floor_over_measured": floor / stats.seconds, "matmul_s": matmul_s,
+                         "matmul_over_measured": matmul_s / stats.seconds,
                          "overhead_share": stats.overhead_seconds / stats.seconds, "peak_memory_gib": peak,
-                         "kinds": kinds(model, stats, args.batch_size, hw)})
+                         "kinds": per_kind})
             if args.compile:
                 rows[-1].update(time_compiled(model, ids, gen_length, args, kw, out))
             print(f"{gen_length:>5} {name:<18} {stats.seconds:>8.3f} {speedup:>7.2f}x {ideal:>6.2f}x "
                   f"{speedup / ideal:>6.2f} {stats.nfe:>5} {stats.tokens_per_step:>8.2f} "
-                  f"{floor / stats.seconds:>10.2f} {stats.overhead_seconds / stats.seconds:>7.1%}"
+                  f"{floor / stats.seconds:>10.2f} {matmul_s / stats.seconds:>7.2f} "
+                  f"{stats.overhead_seconds / stats.seconds:>7.1%}"
                   + (f" compiled {rows[-1]['compile_speedup']:.2f}x (first call {rows[-1]['first_call_seconds']:.1f}s, "
                      f"tokens equal: {rows[-1]['tokens_equal']})" if args.compile else ""))
     print(f"total {time.perf_counter() - t0:.1f}s")
@@ -183,10 +188,12 @@ def report(res: dict, out: Path, name: str) -> None:
     """``<out>/<name>.md``: one row per variant and one per forward kind; ``.json``: everything."""
     hw = res["machine"]
     table = [[r["gen_length"], r["variant"], f"{r['seconds']:.3f}", f"{r['speedup']:.2f}x", f"{r['flop_ideal']:.2f}x",
-              f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['overhead_share']:.0%}",
+              f"{r['ratio']:.2f}", r["nfe"], f"{r['floor_over_measured']:.2f}", f"{r['matmul_over_measured']:.2f}",
+              f"{r['overhead_share']:.0%}",
               "-" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.1f}"] for r in res["rows"]]
     per_kind = [[r["gen_length"], r["variant"], f"{k['queries']} x {k['keys']}, head {k['head']}", k["forwards"],
-                 f"{1e3 * k['seconds_each']:.2f}", f"{1e3 * k['floor_each']:.2f}", f"{k['floor_over_measured']:.2f}"]
+                 f"{1e3 * k['seconds_each']:.2f}", f"{1e3 * k['floor_each']:.2f}", f"{k['floor_over_measured']:.2f}",
+                 f"{1e3 * k['matmul_each']:.2f}", f"{k['matmul_over_measured']:.2f}"]
                 for r in res["rows"] for k in r["kinds"]]
     md = [f"# Fast-dLLM speed against the roofline: {name}", "",
           f"{res['model']}, batch {res['batch_size']}, prompt {res['prompt_len']}, block {res['block_length']}, "
@@ -195,9 +202,11 @@ def report(res: dict, out: Path, name: str) -> None:
           f"copy bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s; git {res['git_sha']}. One run: every row timed in "
           "this process. `ideal`: the FLOP-count speed-up; `floor / measured`: the roofline floor (sum over "
           "forwards of max(FLOPs / peak, bytes / bandwidth)) over the measured time (1 = at the roofline); "
-          "`overhead`: time outside model forwards.", "",
+          "`matmuls / measured`: the call's matmuls timed alone at their shapes (experiments.roofline."
+          "matmul_seconds) over the measured time, the share the BLAS sets; `overhead`: time outside model "
+          "forwards.", "",
           *markdown_table(["gen", "variant", "seconds", "speed-up", "ideal", "ratio", "NFE", "floor / measured",
-                           "overhead", "peak GiB (CUDA)"], table), "",
+                           "matmuls / measured", "overhead", "peak GiB (CUDA)"], table), "",
           *(["Compiled forward (`torch.compile`, dynamic shapes) against eager, same tokens:", "",
              *markdown_table(["gen", "variant", "eager s", "compiled s", "compiled speed-up", "first call s",
                               "tokens equal"],
@@ -205,7 +214,8 @@ def report(res: dict, out: Path, name: str) -> None:
                                f"{r['compile_speedup']:.2f}x", f"{r['first_call_seconds']:.1f}", r["tokens_equal"]]
                               for r in res["rows"]]), ""] if "compiled_seconds" in res["rows"][0] else []),
           "Per forward kind (query columns x key columns, LM-head columns):", "",
-          *markdown_table(["gen", "variant", "forward", "n", "ms each", "floor ms", "floor / measured"], per_kind)]
+          *markdown_table(["gen", "variant", "forward", "n", "ms each", "floor ms", "floor / measured",
+                           "matmuls ms", "matmuls / measured"], per_kind)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
     atomic_write_text(out / f"{name}.json", json.dumps(res, indent=1))

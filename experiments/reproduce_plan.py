@@ -138,12 +138,17 @@ DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fast
                     "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
 
+#: the Dream-style model's strategy tables: (dir, n, gen, shots, batch, core-minutes for n)
+DREAM_TABLES = (("gsm8k_dream_256", 300, 256, 0, 32, 55.0), ("gsm8k_dream_256_4shot", 100, 256, 4, 25, 40.0),
+                ("gsm8k_dream_512_4shot", 100, 512, 4, 25, 90.0), ("gsm8k_dream_512", 300, 512, 0, 32, 160.0))
+
+
 def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """The embedded Dream-style model (an AR model, then the shifted-logit diffusion SFT, as Dream
     was made), its strategy table under Fast-dLLM's Dream rules, the rule-set comparison, and the
     cache policies side by side on ``llada-chain``."""
     dream, after = f"{ck}/dream-arith", (("train_dream",) if full else ())
-    n, n_table, n_caches = _cap(128, limit), _cap(300, limit), _cap(200, limit)
+    n, n_caches = _cap(128, limit), _cap(200, limit)
     report = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
     return [
         Job("train_dream_ar", "experiments.train_llada",
@@ -168,12 +173,13 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             "embedded Dream-style model (stage 3: long EOS tails)", ("checkpoints/dream-arith/config.json",),
             after=("train_dream_p1",), cost_min=15, export=(f"{work}/dream-p2/model", f"{ck}/dream-arith"),
             training=True),
-        Job("gsm8k_dream_256", "experiments.gsm8k",
-            ("--limit", n_table, "--batch-size", 32, "--gen-length", 256, "--block-length", 32, "--num-fewshot", 0,
-             "--strategies", *DREAM_STRATEGIES, "--model", dream, "--out", f"{out}/gsm8k_dream_256"),
-            "GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen 256, 0-shot, n = 300",
-            tuple(f"gsm8k_dream_256/{f}" for f in report), ("gsm8k_dream_256/*.jsonl",), always=True, after=after,
-            cost_min=14.0 * n_table / 100),
+        *(Job(d, "experiments.gsm8k",
+              ("--limit", _cap(n_d, limit), "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
+               "--num-fewshot", shots, "--strategies", *DREAM_STRATEGIES, "--model", dream, "--out", f"{out}/{d}"),
+              f"GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen {gen}, "
+              f"{shots}-shot, n = {n_d}", tuple(f"{d}/{f}" for f in report), (f"{d}/*.jsonl",), always=True,
+              after=after, cost_min=cost * _cap(n_d, limit) / n_d)
+          for d, n_d, gen, shots, batch, cost in DREAM_TABLES),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
             "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",

@@ -8,6 +8,11 @@ with P the matmul peak and W the memory bandwidth *measured on the machine the b
 bytes the weights read once per forward plus the K/V each forward reads. ``measured / floor``
 (or its inverse) says how far a strategy is from what the hardware allows; a FLOP ratio alone
 misses that a narrow window at batch 1 is bound by streaming the weights.
+
+The floor charges every matmul at the n x n GEMM's peak. :func:`matmul_seconds` measures what the
+BLAS actually takes for one forward's matmuls at that forward's shape (a 32-row window's GEMMs do
+not reach the peak), so ``matmuls / measured`` splits the gap to the floor into the BLAS's share
+(matmuls at narrow shapes) and the loop's (everything else).
 """
 
 from __future__ import annotations
@@ -15,11 +20,25 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.nn.functional as F
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def best_seconds(fn, device: torch.device, reps: int = 5) -> float:
+    """The best of ``reps`` timed calls of ``fn`` after one warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def machine(device: torch.device, dtype: torch.dtype, n: int = 1024, mib: int = 256) -> dict:
@@ -29,19 +48,30 @@ def machine(device: torch.device, dtype: torch.dtype, n: int = 1024, mib: int = 
     b = torch.randn(n, n, device=device, dtype=dtype)
     x = torch.empty(mib * 2**20 // 4, device=device, dtype=torch.float32)
     y = torch.empty_like(x)
+    return {"peak_flops": 2 * n**3 / best_seconds(lambda: a @ b, device),
+            "bandwidth": 2 * x.numel() * 4 / best_seconds(lambda: y.copy_(x), device)}
 
-    def best(fn, reps=5) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
-            sync(device)
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            times.append(time.perf_counter() - t0)
-        return min(times)
 
-    return {"peak_flops": 2 * n**3 / best(lambda: a @ b), "bandwidth": 2 * x.numel() * 4 / best(lambda: y.copy_(x))}
+@torch.no_grad()
+def matmul_seconds(model, rows: int, head_rows: int, reps: int = 3) -> float:
+    """Time of one forward's matmuls alone at its shape: every ``nn.Linear`` of the blocks, in
+    model order, on ``rows`` random input rows (batch x window columns), then the LM head on
+    ``head_rows`` rows; the model's own weights, best of ``reps``. Attention, norms, RoPE and the
+    sampler are left out: ``matmul_seconds / measured`` is the share of a forward the BLAS sets at
+    this shape."""
+    weights = [m.weight for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.head_weight()
+    dev, dtype = head.device, head.dtype
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=dev, dtype=dtype) for w in weights}
+    h = torch.randn(head_rows, head.shape[1], device=dev, dtype=dtype)
+
+    def forward_matmuls() -> None:
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+        if head_rows:
+            F.linear(h, head)
+
+    return best_seconds(forward_matmuls, dev, reps)
 
 
 def forward_bytes(model, batch: int, keys: int) -> int:
@@ -65,11 +95,17 @@ def call_floor(model, stats, batch: int, hw: dict) -> float:
                for (_q, keys, _h), (n, _s, flops) in stats.forward_kinds.items())
 
 
-def kinds(model, stats, batch: int, hw: dict) -> list[dict]:
-    """Per forward kind: count, measured seconds per forward, floor per forward, floor / measured."""
+def kinds(model, stats, batch: int, hw: dict, matmuls: bool = False) -> list[dict]:
+    """Per forward kind: count, measured seconds per forward, floor per forward, floor / measured;
+    with ``matmuls`` also the forward's matmuls timed alone (:func:`matmul_seconds`) and their
+    share of the measured time."""
     out = []
     for (q, keys, head), (n, sec, flops) in sorted(stats.forward_kinds.items(), key=lambda kv: (-kv[0][0], -kv[0][2])):
         floor = floor_seconds(batch * flops, forward_bytes(model, batch, keys), hw)
-        out.append({"queries": q, "keys": keys, "head": head, "forwards": n, "seconds_each": sec / n, "floor_each": floor,
-                    "floor_over_measured": floor * n / sec if sec else None})
+        row = {"queries": q, "keys": keys, "head": head, "forwards": n, "seconds_each": sec / n, "floor_each": floor,
+               "floor_over_measured": floor * n / sec if sec else None}
+        if matmuls:
+            mm = matmul_seconds(model, batch * q, batch * head)
+            row.update(matmul_each=mm, matmul_over_measured=mm * n / sec if sec else None)
+        out.append(row)
     return out

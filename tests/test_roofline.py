@@ -30,6 +30,33 @@ def test_forward_kinds_add_up_to_the_call():
     assert all(r["floor_each"] == each[(r["queries"], r["keys"], r["head"])] for r in rows)
 
 
+def test_matmuls_alone_time_the_forwards_gemms(monkeypatch):
+    """matmul_seconds runs every block Linear on `rows` rows and the LM head on `head_rows` rows,
+    with the model's own weights; kinds(matmuls=True) reports it per forward kind."""
+    model = tiny_model()
+    cfg = model.config
+    ids = random_prompts(2, 12, cfg)
+    st = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual").stats
+    calls = []
+    real = roofline.F.linear
+    monkeypatch.setattr(roofline.F, "linear", lambda x, w: calls.append((tuple(x.shape), w)) or real(x, w))
+    monkeypatch.setattr(roofline, "best_seconds", lambda fn, device, reps: fn() or 0.25)
+    assert roofline.matmul_seconds(model, 6, 2) == 0.25
+    linears = [m.weight for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 7 * cfg.n_layers  # q, k, v, o, gate, up, down per block
+    assert [w for _, w in calls[:-1]] == linears and calls[-1][1] is model.head_weight()
+    assert all(shape[0] == 6 for shape, _ in calls[:-1]) and calls[-1][0] == (2, cfg.d_model)
+    calls.clear()
+    roofline.matmul_seconds(model, 6, 0)
+    assert len(calls) == len(linears)  # no LM head without head columns
+    calls.clear()
+    rows = roofline.kinds(model, st, 2, {"peak_flops": 1e9, "bandwidth": 1e8}, matmuls=True)
+    assert [c[0][0] for c in calls[::len(linears) + 1]] == [2 * 28, 2 * 8]  # batch x window columns
+    for r in rows:
+        n, sec, _ = st.forward_kinds[(r["queries"], r["keys"], r["head"])]
+        assert r["matmul_each"] == 0.25 and r["matmul_over_measured"] == pytest.approx(0.25 * n / sec)
+
+
 def test_floor_is_the_binding_bound():
     hw = {"peak_flops": 100.0, "bandwidth": 10.0}
     assert roofline.floor_seconds(1000, 50, hw) == 10.0  # compute bound
@@ -51,6 +78,8 @@ def test_bench_fastdllm_reports_against_the_roofline(tmp_path):
     for r in res["rows"]:
         assert r["floor_s"] > 0 and r["floor_over_measured"] == pytest.approx(r["floor_s"] / r["seconds"])
         assert sum(k["forwards"] for k in r["kinds"]) == r["nfe"]
+        assert r["matmul_s"] == pytest.approx(sum(k["forwards"] * k["matmul_each"] for k in r["kinds"]))
+        assert 0 < r["matmul_s"] and r["matmul_over_measured"] == pytest.approx(r["matmul_s"] / r["seconds"])
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["variant"] == "baseline"
     md = (tmp_path / "t.md").read_text()
     assert md.startswith("# Fast-dLLM speed against the roofline") and "| 16 | +dual | 8 x 24, head 8 |" in md
