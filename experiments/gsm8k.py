@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -80,6 +81,7 @@ class HarnessConfig:
     threads: Optional[int]
     sort_prompts: bool = False
     compile: bool = False
+    bd3_context: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bd3-model", default=None,
                    help="BD3-LM checkpoint (bd3lm.BD3LM.load) for the bd3lm strategy; without it "
                         "bd3lm is skipped")
+    p.add_argument("--bd3-context", type=int, default=None,
+                   help="raise --bd3-model's context limit (config max_seq_len) to N for this run: its RoPE has "
+                        "no learned positions, and BD3-LM stops at the first EOS block, so only a row that does "
+                        "not stop reads positions past its training (recorded in the config)")
     p.add_argument("--data", default="arith",
                    help="'arith' (held-out embedded task), 'gsm8k' (Hub openai/gsm8k test) or a "
                         "local GSM8K jsonl path (default: arith)")
@@ -163,6 +169,8 @@ def parse_config(argv=None) -> HarnessConfig:
         raise ValueError(f"--data must be 'arith', 'gsm8k' or an existing jsonl file, got {a.data!r}")
     if a.bd3_model is not None and not Path(a.bd3_model).is_dir():
         raise ValueError(f"--bd3-model {a.bd3_model!r} is not a checkpoint directory")
+    if a.bd3_context is not None and (a.bd3_model is None or a.bd3_context < 1):
+        raise ValueError(f"--bd3-context must be >= 1 and needs --bd3-model, got {a.bd3_context}")
     numbers = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, threshold=a.threshold,
                    factor=a.factor, temperature=a.temperature, rules=a.rules)
     try:  # every strategy is validated here, before any model is loaded
@@ -176,7 +184,7 @@ def parse_config(argv=None) -> HarnessConfig:
     out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
-                         device, a.dtype, a.threads, a.sort_prompts, a.compile)
+                         device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -226,6 +234,8 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
         wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
+        if cfg.bd3_context is not None:
+            wrapper.model.config = dataclasses.replace(wrapper.model.config, max_seq_len=cfg.bd3_context)
         bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config,
                      weights_fingerprint(cfg.bd3_model))
     return main, bd3
@@ -265,6 +275,8 @@ def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, s
               "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch.")}  # auto resolved
     if strategy.family(loaded.model) == "dream":  # the rules that ran (LLaDA's, the default, left out)
         config["rules"] = "dream"
+    if loaded.bd3 is not None and cfg.bd3_context is not None:  # (left out at the default, as below)
+        config["bd3_context"] = cfg.bd3_context
     if cfg.sort_prompts:  # batches of other rows (left out at the default: older results keep their hashes)
         config["sort_prompts"] = True
     return Job(strategy, loaded, config, config_hash(config))

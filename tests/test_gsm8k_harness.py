@@ -311,6 +311,21 @@ def test_local_gsm8k_jsonl_fewshot_and_bd3lm(ckpt, tmp_path, capsys):
     b = read_jsonl(out / "bd3lm.jsonl")
     assert len(b) == 3 and b[0]["factors"]["kind"] == "bd3lm" and b[0]["factors"]["block_length"] == 4
     assert "bd3lm" in (out / "table.md").read_text()
+    # past the BD3 model's context: refused, unless --bd3-context raises it (recorded in the config)
+    limit = model.config.max_seq_len
+    long = [a if a != "8" else str(limit) for a in base]  # --gen-length = the whole context
+    with pytest.raises(ValueError, match="max_seq_len"):
+        gsm8k.run(gsm8k.parse_config(long + ["--out", str(tmp_path / "d"), "--bd3-model", str(bd3),
+                                             "--strategies", "bd3lm"]), clock=FakeClock())
+    for bad in (["--bd3-context", "64"], ["--bd3-model", str(bd3), "--bd3-context", "0"]):
+        with pytest.raises(ValueError, match="--bd3-context"):
+            gsm8k.parse_config(base + bad)
+    wide = tmp_path / "e"
+    gsm8k.run(gsm8k.parse_config(long + ["--out", str(wide), "--bd3-model", str(bd3), "--bd3-context",
+                                         str(2 * limit), "--strategies", "bd3lm"]), clock=FakeClock())
+    w = read_jsonl(wide / "bd3lm.jsonl")
+    config = json.loads((wide / "config.json").read_text())["strategies"]["bd3lm"]["config"]
+    assert len(w) == 3 and config["bd3_context"] == 2 * limit and w[0]["config_hash"] != b[0]["config_hash"]
     (tmp_path / "train.jsonl").unlink()
     with pytest.raises(ValueError, match="--num-fewshot"):
         gsm8k.run(gsm8k.parse_config(base + ["--out", str(tmp_path / "c")]))
