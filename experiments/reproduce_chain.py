@@ -18,6 +18,9 @@ REPORT = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", 
 NO_FULL = ("baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
            "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold", "bd3lm")
 
+#: gen 512 zero-shot points taken to n = 300 (chosen from the n = 100 curves, so the first 100 problems are biased)
+FRONTIER_512 = ("sw_dual_f2", "sw_dual_f4", "sw_none_f4", "sw_dual_b16", "cache_adaptive_threshold")
+
 
 def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """The chain-task BD3-LM and 2048-context LLaDA, then per (gen length, shots) a table (n = 300
@@ -71,4 +74,11 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                         f"accuracy-vs-throughput curves on llada-chain, gen {gen}: threshold, factor, block length "
                         "and refresh swept per cache (none, prefix, dual), n = 100",
                         (), (f"{d}/sw_*.jsonl",), always=True, after=(d,), cost_min=cost * m / 100))
+    m = _cap(300, limit)  # the gen 512 curves' best points (at n = 100), and the drift-refreshed cache, to n = 300
+    jobs.append(Job("gsm8k_chain_512_frontier", "experiments.gsm8k",
+                    ("--limit", m, "--batch-size", 32, "--gen-length", 512, "--block-length", 32,
+                     "--strategies", *FRONTIER_512, "--model", chain, "--out", f"{out}/gsm8k_chain_512"),
+                    "gen 512 zero-shot: the curves' points that held accuracy at n = 100 (factor 2 / 4, blocks of 16) "
+                    "and the adaptive cache, to n = 300", (), tuple(f"gsm8k_chain_512/{s}.jsonl" for s in FRONTIER_512),
+                    always=True, after=("gsm8k_chain_512_sweep",), cost_min=15.0 * m / 300))
     return jobs
