@@ -145,7 +145,7 @@ DREAM_TABLES = (("gsm8k_dream_256", 300, 256, 0, 32, 55.0), ("gsm8k_dream_256_4s
 
 def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """The embedded Dream-style model (an AR model, then the shifted-logit diffusion SFT, as Dream
-    was made), its strategy table under Fast-dLLM's Dream rules, the rule-set comparison, and the
+    was made), its strategy tables under Fast-dLLM's Dream rules, the rule-set comparison, and the
     cache policies side by side on ``llada-chain``."""
     dream, after = f"{ck}/dream-arith", (("train_dream",) if full else ())
     n, n_caches = _cap(128, limit), _cap(200, limit)
