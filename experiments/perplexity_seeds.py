@@ -6,7 +6,9 @@ JSONL, exported checkpoints and trainer state, so no seed overwrites another) an
 
 - per model: test PPL and NELBO (nats/token), mean +- sample std (ddof 1) over seeds;
 - per adjacent pair of the ladder AR < L'4 < L'8 < L'16 < MDLM: ordered (mean_a < mean_b) and
-  separated, :data:`SEPARATION` (:func:`separated`), on the NELBO;
+  separated, :data:`SEPARATION` (:func:`separated`), on the NELBO; and paired by seed (the
+  models of one seed share their initialisation and batches): the per-seed differences b - a
+  with a 95% t interval (:func:`paired_ci`), which takes out the noise the two rungs share;
 - the share of the MDLM->AR NELBO gap that L'4 closes, ``(MDLM - L'4) / (MDLM - AR)``, of the
   seed means and per seed;
 - MC-ELBO cross-check of the MDLM model: the per-chunk paired difference LLaDA MC ELBO - BD3-LM
@@ -141,9 +143,13 @@ def summarize(per_seed: dict, L: int) -> dict:
     rungs = [m for m in LADDER if m in by]
     for a, b in zip(rungs, rungs[1:]):
         xa, xb = by[a]["nelbo"], by[b]["nelbo"]
+        common = sorted(set(by[a]["seeds"]) & set(by[b]["seeds"]))
+        ya = [xa[by[a]["seeds"].index(s)] for s in common]
+        yb = [xb[by[b]["seeds"].index(s)] for s in common]
         pairs.append({"a": a, "b": b, "diff": statistics.fmean(xb) - statistics.fmean(xa),
                       "two_std": 2 * max(mean_std(xa)[1], mean_std(xb)[1]), "ordered": mean_std(xa)[0] < mean_std(xb)[0],
-                      "separated": separated(xa, xb)})
+                      "separated": separated(xa, xb), "seed_diffs": [y - x for x, y in zip(ya, yb)],
+                      "paired": paired_ci(yb, ya) if len(common) > 1 else None})
     gap = None
     if {"ar", "bd4", "mdlm"} <= set(by):
         common = sorted(set(by["ar"]["seeds"]) & set(by["bd4"]["seeds"]) & set(by["mdlm"]["seeds"]))
@@ -201,6 +207,17 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
     for p in summ["pairs"]:
         lines.append(f"| {p['a']} < {p['b']} | {p['diff']:.4f} | {p['two_std']:.4f} | "
                      f"{'yes' if p['ordered'] else 'NO'} | {'yes' if p['separated'] else 'NO'} |")
+    if any(p["paired"] for p in summ["pairs"]):
+        lines += ["", "Paired by seed (a seed's models share their initialisation and batches): the per-seed "
+                  "differences b − a, their mean ± std and 95% t interval; above 0: b is worse than a beyond the "
+                  "noise the two share.", "",
+                  "| pair a < b | per seed b − a | mean ± std | 95% t interval | above 0 |", "|---|---|---:|---|---|"]
+        for p in summ["pairs"]:
+            c = p["paired"]
+            if c:
+                lines.append(f"| {p['a']} < {p['b']} | {', '.join(f'{d:+.4f}' for d in p['seed_diffs'])} | "
+                             f"{c['mean']:+.4f} ± {c['sd']:.4f} | [{c['lo']:+.4f}, {c['hi']:+.4f}] | "
+                             f"{'yes' if c['lo'] > 0 else 'NO'} |")
     g = summ["gap"]
     if g:
         per = [x for x in g["per_seed"].values() if x is not None]

@@ -17,7 +17,7 @@ from conftest import find_shared_data
 from experiments.common import read_jsonl
 from experiments.perplexity import parse_config, run
 from experiments.perplexity_config import DATASETS, locate
-from experiments.perplexity_seeds import SEPARATION, paired_ci, seed_configs, summarize
+from experiments.perplexity_seeds import SEPARATION, paired_ci, render, seed_configs, summarize
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
 
@@ -186,6 +186,34 @@ def test_summary_against_brute_force():
         (vals["mdlm"][2] - vals["bd4"][2]) / (vals["mdlm"][2] - vals["ar"][2]))
     one = summarize(_fake({"ar": [1.0], "mdlm": [2.0]}), 64)
     assert one["pairs"][0]["ordered"] and not one["pairs"][0]["separated"]  # one seed: never separated
+
+
+def test_paired_by_seed_takes_out_the_shared_seed_noise():
+    """Seeds that move every model together: the unpaired rule cannot separate 0.01 nats under a
+    0.05 seed spread, the paired interval (t, 2 df: 4.303 * sd / sqrt 3) can; brute force."""
+    shared = [0.0, 0.05, -0.05]
+    step = {"ar": 1.60, "bd4": 1.90, "bd8": 1.91, "bd16": 1.92, "mdlm": 1.93}
+    jitter = {"ar": [0, 0, 0], "bd4": [0.001, -0.001, 0.0], "bd8": [0.0, 0.001, -0.0005],
+              "bd16": [0.0005, 0.0, 0.001], "mdlm": [-0.015, 0.02, 0.0]}
+    vals = {m: [mu + o + j for o, j in zip(shared, jitter[m])] for m, mu in step.items()}
+    summ = summarize(_fake(vals), 64)
+    for p in summ["pairs"]:
+        d = [b - a for a, b in zip(vals[p["a"]], vals[p["b"]])]
+        mu = sum(d) / 3
+        sd = math.sqrt(sum((x - mu) ** 2 for x in d) / 2)
+        assert p["seed_diffs"] == pytest.approx(d)
+        c = p["paired"]
+        assert (c["mean"], c["sd"]) == pytest.approx((mu, sd))
+        assert (c["lo"], c["hi"]) == pytest.approx((mu - 4.302653 * sd / math.sqrt(3), mu + 4.302653 * sd / math.sqrt(3)),
+                                                   rel=1e-5)
+    assert [p["separated"] for p in summ["pairs"]] == [True, False, False, False]
+    assert [p["paired"]["lo"] > 0 for p in summ["pairs"]] == [True, True, True, False]  # mdlm's own noise: not
+    text = render({"config": {"preset": "char", "eval": {"seed": 1}, "data": {"seq_len": 64, "train": "t", "test": "u",
+                                                                            "tokenizer": "char"}}, "run": "x-s0"},
+                  [0, 1, 2], [0, 1, 2], summ)
+    assert "| bd8 < bd16 | +0.0105, +0.0090, +0.0115 |" in text
+    one = summarize(_fake({"ar": [1.0], "mdlm": [2.0]}), 64)
+    assert one["pairs"][0]["paired"] is None  # one seed: no interval
 
 
 def test_t_quantile_matches_tables():
