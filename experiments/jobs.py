@@ -28,3 +28,19 @@ class Job:
 def _cap(n: int, limit: Optional[int]) -> int:
     """``n`` samples, at most ``limit`` (``--limit``)."""
     return n if limit is None else min(n, limit)
+
+
+#: what one ``experiments.gsm8k`` run writes besides its per-sample JSONL files
+GSM8K_REPORT = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
+
+
+def gsm8k_table(d: str, out: str, model: str, limit: int, batch: int, gen: int, shots: int, strategies: tuple,
+                what: str, samples: tuple, after: tuple, cost_min: float, extra: tuple = (),
+                name: Optional[str] = None) -> Job:
+    """A strategy table of ``experiments.gsm8k`` (blocks of 32) in ``<out>/<d>``, job ``name``
+    (default ``d``): its report files are the artefacts, ``samples`` its per-sample globs; ``extra``
+    flags go after ``--model``."""
+    return Job(name or d, "experiments.gsm8k",
+               ("--limit", limit, "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
+                "--num-fewshot", shots, "--strategies", *strategies, "--model", model, *extra, "--out", f"{out}/{d}"),
+               what, tuple(f"{d}/{f}" for f in GSM8K_REPORT), samples, always=True, after=after, cost_min=cost_min)

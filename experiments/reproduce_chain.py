@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from experiments.jobs import Job, _cap
+from experiments.jobs import Job, _cap, gsm8k_table
 
-REPORT = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
 #: the Table 1 line-up without the one-block baseline (at 512 it costs as much as the semi-AR one
 #: and says the same: pure diffusion is the testbed tables' subject)
 NO_FULL = ("baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
@@ -57,14 +56,11 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
         m = _cap(n, limit)
         bd3_args = ("--bd3-model", bd3) + (("--bd3-context", 2048) if gen > 512 else ())  # the BD3-LM row's model
         needs = after + (("train_llada_chain_2k",) if full and name != "llada-chain" else ())
-        jobs.append(Job(d, "experiments.gsm8k",
-                        ("--limit", m, "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
-                         "--num-fewshot", shots, "--strategies", *strategies, "--model", f"{ck}/{name}", *bd3_args,
-                         "--out", f"{out}/{d}"),
-                        f"strategy table on {name}, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
-                        "baseline stopped at EOS, BD3-LM", tuple(f"{d}/{f}" for f in REPORT),
-                        (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"),
-                        always=True, after=needs, cost_min=cost * m / n))
+        jobs.append(gsm8k_table(d, out, f"{ck}/{name}", m, batch, gen, shots, strategies,
+                                f"strategy table on {name}, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
+                                "baseline stopped at EOS, BD3-LM",
+                                (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"),
+                                needs, cost * m / n, extra=bd3_args))
     m = _cap(100, limit)  # the curves' points
     for gen, cost in ((256, 20.0), (512, 60.0)):
         d = f"gsm8k_chain_{gen}"

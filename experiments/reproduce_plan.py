@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from experiments.jobs import Job, _cap
+from experiments.jobs import GSM8K_REPORT, Job, _cap, gsm8k_table
 from experiments.reproduce_anyorder import anyorder_jobs
 from experiments.reproduce_chain import chain_jobs
 
@@ -153,7 +153,6 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     cache policies side by side on ``llada-chain``."""
     dream, after = f"{ck}/dream-arith", (("train_dream",) if full else ())
     n, n_caches = _cap(128, limit), _cap(200, limit)
-    report = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
     return [
         Job("train_dream_ar", "experiments.train_llada",
             ("--out", f"{work}/dream-ar", "--family", "dream", "--objective", "ar", "--d-model", 128, "--n-layers", 4,
@@ -177,12 +176,9 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             "embedded Dream-style model (stage 3: long EOS tails)", ("checkpoints/dream-arith/config.json",),
             after=("train_dream_p1",), cost_min=15, export=(f"{work}/dream-p2/model", f"{ck}/dream-arith"),
             training=True),
-        *(Job(d, "experiments.gsm8k",
-              ("--limit", _cap(n_d, limit), "--batch-size", batch, "--gen-length", gen, "--block-length", 32,
-               "--num-fewshot", shots, "--strategies", *strategies, "--model", dream, "--out", f"{out}/{d}"),
-              f"GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), gen {gen}, "
-              f"{shots}-shot, n = {n_d}", tuple(f"{d}/{f}" for f in report), (f"{d}/*.jsonl",), always=True,
-              after=after, cost_min=cost * _cap(n_d, limit) / n_d)
+        *(gsm8k_table(d, out, dream, _cap(n_d, limit), batch, gen, shots, strategies,
+                      f"GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), "
+                      f"gen {gen}, {shots}-shot, n = {n_d}", (f"{d}/*.jsonl",), after, cost * _cap(n_d, limit) / n_d)
           for d, n_d, gen, shots, batch, strategies, cost in DREAM_TABLES),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
@@ -194,7 +190,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--strategies", "caches", "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
              "--out", f"{out}/caches_chain_512_4shot"),
             "every approximate cache (prefix, dual, delayed, adaptive) under the threshold rule, llada-chain, "
-            "gen 512, 4-shot", tuple(f"caches_chain_512_4shot/{f}" for f in report),
+            "gen 512, 4-shot", tuple(f"caches_chain_512_4shot/{f}" for f in GSM8K_REPORT),
             ("caches_chain_512_4shot/cache_*.jsonl",), always=True, after=("train_llada_chain",) if full else (),
             cost_min=40.0 * n_caches / 200),
         Job("caches_chain_512_4shot_sweep", "experiments.gsm8k",
@@ -212,7 +208,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
              "--baseline", "cache_dual_threshold", "--model", f"{ck}/llada-chain",
              "--out", f"{out}/caches_chain_512_4shot_timing"),
             "the frontier's speed-ups timed in one run on an otherwise idle machine (first 50 problems)",
-            tuple(f"caches_chain_512_4shot_timing/{f}" for f in report), ("caches_chain_512_4shot_timing/*.jsonl",),
+            tuple(f"caches_chain_512_4shot_timing/{f}" for f in GSM8K_REPORT), ("caches_chain_512_4shot_timing/*.jsonl",),
             always=True, after=("train_llada_chain",) if full else (), cost_min=6.0 * _cap(50, limit) / 50),
     ]
 
@@ -280,14 +276,10 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     ]
     for d, n, gen, shots, strategies, cost in gsm:
         m = _cap(n, limit)
-        jobs.append(Job(d.replace("_arith", ""), "experiments.gsm8k",
-                        ("--limit", m, "--batch-size", m, "--gen-length", gen, "--block-length", 32,
-                         "--num-fewshot", shots, "--strategies", *strategies, "--model", llada,
-                         "--bd3-model", bd3, "--out", f"{out}/{d}"),
-                        f"GSM8K-format strategy comparison, gen {gen}, {shots}-shot (Fast-dLLM Table 1 layout)",
-                        tuple(f"{d}/{f}" for f in ("table.md", "table.csv", "table.json", "ablation.md",
-                                                   "ablation.csv", "pareto.png", "config.json")),
-                        (f"{d}/*.jsonl",), always=True, after=after_bd3, cost_min=cost * m / n))
+        jobs.append(gsm8k_table(d, out, llada, m, m, gen, shots, strategies,
+                                f"GSM8K-format strategy comparison, gen {gen}, {shots}-shot (Fast-dLLM Table 1 layout)",
+                                (f"{d}/*.jsonl",), after_bd3, cost * m / n, extra=("--bd3-model", bd3),
+                                name=d.replace("_arith", "")))
 
     blocks = f"{out}/bd3lm_blocks"
     for b in BD3_BLOCKS:
