@@ -9,8 +9,8 @@ JSONL, exported checkpoints and trainer state, so no seed overwrites another) an
   separated, :data:`SEPARATION` (:func:`separated`), on the NELBO; and paired by seed (the
   models of one seed share their initialisation and batches): the per-seed differences b - a
   with a 95% t interval (:func:`paired_ci`), which takes out the noise the two rungs share;
-- the share of the MDLM->AR NELBO gap that L'4 closes, ``(MDLM - L'4) / (MDLM - AR)``, of the
-  seed means and per seed;
+- the share of the MDLM->AR gap that L'4 closes, ``(MDLM - L'4) / (MDLM - AR)``, of the seed
+  means and per seed, on the NELBO and on the PPL, next to the paper's on the same scale;
 - MC-ELBO cross-check of the MDLM model: the per-chunk paired difference LLaDA MC ELBO - BD3-LM
   NELBO (both unbiased for the same ELBO) with a 95% t interval (:func:`paired_ci`), per seed and
   pooled over seeds;
@@ -25,10 +25,10 @@ import math
 import statistics
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from experiments.common import write_if_changed
-from experiments.perplexity_report import load_run, table2, table3
+from experiments.perplexity_report import PAPER_PPL, gap_share, load_run, table2, table3
 
 #: the separation rule of two rungs a, b of the ladder (means and sample stds over seeds)
 SEPARATION = "|mean_a - mean_b| > 2 * max(std_a, std_b)"
@@ -57,9 +57,15 @@ def separated(a: Sequence[float], b: Sequence[float]) -> bool:
     return abs(ma - mb) > 2 * max(sa, sb)
 
 
-def gap_share(ar: float, bd4: float, mdlm: float) -> Optional[float]:
-    """``(mdlm - bd4) / (mdlm - ar)``; None when MDLM <= AR (no gap to close)."""
-    return (mdlm - bd4) / (mdlm - ar) if mdlm > ar else None
+GAP_SCALES = ("nelbo", "ppl")  # the share is not scale-free: PPL = exp(NELBO) stretches the upper rungs
+
+
+def paper_gap_shares(style: str = "lm1b") -> dict:
+    """The share L'4 closes in the paper's Table 3 (:data:`PAPER_PPL`), on each of :data:`GAP_SCALES`:
+    on LM1B 39.7% of the PPL gap (22.83 / 28.23 / 31.78), 35.8% of the NELBO gap (their logs)."""
+    ppl = PAPER_PPL[style]
+    return {"ppl": gap_share(ppl["ar"], ppl["bd4"], ppl["mdlm"]),
+            "nelbo": gap_share(*(math.log(ppl[m]) for m in ("ar", "bd4", "mdlm")))}
 
 
 def paired_ci(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> dict:
@@ -153,10 +159,12 @@ def summarize(per_seed: dict, L: int) -> dict:
     gap = None
     if {"ar", "bd4", "mdlm"} <= set(by):
         common = sorted(set(by["ar"]["seeds"]) & set(by["bd4"]["seeds"]) & set(by["mdlm"]["seeds"]))
-        get = lambda n, s: by[n]["nelbo"][by[n]["seeds"].index(s)]  # noqa: E731
-        shares = [gap_share(get("ar", s), get("bd4", s), get("mdlm", s)) for s in common]
-        means = [statistics.fmean(by[n]["nelbo"]) for n in ("ar", "bd4", "mdlm")]
-        gap = {"of_means": gap_share(*means), "per_seed": dict(zip(common, shares))}
+        gap = {}
+        for scale in GAP_SCALES:  # the same share on the NELBO and on the PPL (the scale of the paper's table)
+            get = lambda n, s: by[n][scale][by[n]["seeds"].index(s)]  # noqa: E731
+            shares = [gap_share(get("ar", s), get("bd4", s), get("mdlm", s)) for s in common]
+            means = [statistics.fmean(by[n][scale]) for n in ("ar", "bd4", "mdlm")]
+            gap[scale] = {"of_means": gap_share(*means), "per_seed": dict(zip(common, shares))}
     mc, pooled_x, pooled_y = {}, [], []
     for s, recs in per_seed.items():
         r = recs.get("mc/mdlm")
@@ -218,13 +226,18 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
                 lines.append(f"| {p['a']} < {p['b']} | {', '.join(f'{d:+.4f}' for d in p['seed_diffs'])} | "
                              f"{c['mean']:+.4f} ± {c['sd']:.4f} | [{c['lo']:+.4f}, {c['hi']:+.4f}] | "
                              f"{'yes' if c['lo'] > 0 else 'NO'} |")
-    g = summ["gap"]
-    if g:
-        per = [x for x in g["per_seed"].values() if x is not None]
-        share = "n/a (MDLM ≤ AR)" if g["of_means"] is None else f"{100 * g['of_means']:.1f}%"
-        lines += ["", f"Share of the MDLM→AR NELBO gap closed by L'=4, (MDLM − L'4)/(MDLM − AR) of the seed means: "
-                  f"**{share}**" + (f"; per seed {100 * mean_std(per)[0]:.1f}% ± {100 * mean_std(per)[1]:.1f}%"
-                                     if per else "") + " (paper, LM1B: 40%)."]
+    if summ["gap"]:
+        paper = paper_gap_shares()
+        lines += ["", "Share of the MDLM→AR gap closed by L'=4, (MDLM − L'4)/(MDLM − AR), on each scale (the share "
+                  "depends on it: PPL = exp(NELBO)); the paper's is computed the same way from its LM1B Table 3.",
+                  "", "| scale | of the seed means | per seed, mean ± std | paper, LM1B |", "|---|---:|---:|---:|"]
+        for scale in GAP_SCALES:
+            g = summ["gap"][scale]
+            per = [x for x in g["per_seed"].values() if x is not None]
+            share = "n/a (MDLM ≤ AR)" if g["of_means"] is None else f"**{100 * g['of_means']:.1f}%**"
+            spread = f"{100 * mean_std(per)[0]:.1f}% ± {100 * mean_std(per)[1]:.1f}%" if per else "n/a"
+            lines.append(f"| {'NELBO (nats/token)' if scale == 'nelbo' else 'test PPL'} | {share} | {spread} | "
+                         f"{100 * paper[scale]:.1f}% |")
     if summ["mc"]:
         lines += ["", "## Cross-check: LLaDA MC ELBO − BD3-LM NELBO of the MDLM model (paired per test chunk)", "",
                   "Both estimate the same ELBO (linear schedule), so the difference should be 0 within its interval.",
@@ -261,6 +274,10 @@ def render_csv(summ: dict) -> str:
         ratios = [v["ratio"] for _, v in sorted(per.items())]
         w.writerow(["var_ratio", name, int(name[2:]), len(ratios), *mean_std(ratios),
                     " ".join(f"{x:.6g}" for x in ratios)])
+    for scale, g in (summ["gap"] or {}).items():  # per seed; the of-means share is in the md
+        per = [x for _, x in sorted(g["per_seed"].items()) if x is not None]
+        if per:
+            w.writerow([f"gap_share_{scale}", "bd4", 4, len(per), *mean_std(per), " ".join(f"{x:.6g}" for x in per)])
     return buf.getvalue()
 
 

@@ -17,7 +17,7 @@ from conftest import find_shared_data
 from experiments.common import read_jsonl
 from experiments.perplexity import parse_config, run
 from experiments.perplexity_config import DATASETS, locate
-from experiments.perplexity_seeds import SEPARATION, paired_ci, render, seed_configs, summarize
+from experiments.perplexity_seeds import SEPARATION, paired_ci, paper_gap_shares, render, seed_configs, summarize
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
 
@@ -181,11 +181,24 @@ def test_summary_against_brute_force():
         assert p["ordered"] == (sum(a) < sum(b))
     assert [p["separated"] for p in summ["pairs"]] == [True, False, True, False]  # 0.002 / 0.001 apart: not
     m = {k: sum(v) / 3 for k, v in vals.items()}
-    assert summ["gap"]["of_means"] == pytest.approx((m["mdlm"] - m["bd4"]) / (m["mdlm"] - m["ar"]))
-    assert summ["gap"]["per_seed"][2] == pytest.approx(
+    assert summ["gap"]["nelbo"]["of_means"] == pytest.approx((m["mdlm"] - m["bd4"]) / (m["mdlm"] - m["ar"]))
+    assert summ["gap"]["nelbo"]["per_seed"][2] == pytest.approx(
         (vals["mdlm"][2] - vals["bd4"][2]) / (vals["mdlm"][2] - vals["ar"][2]))
+    p = {k: sum(math.exp(x) for x in v) / 3 for k, v in vals.items()}  # the PPL share: of the mean PPLs
+    assert summ["gap"]["ppl"]["of_means"] == pytest.approx((p["mdlm"] - p["bd4"]) / (p["mdlm"] - p["ar"]))
+    e = {k: math.exp(v[1]) for k, v in vals.items()}
+    assert summ["gap"]["ppl"]["per_seed"][1] == pytest.approx((e["mdlm"] - e["bd4"]) / (e["mdlm"] - e["ar"]))
+    assert summ["gap"]["ppl"]["of_means"] > summ["gap"]["nelbo"]["of_means"]  # exp stretches the upper rungs
     one = summarize(_fake({"ar": [1.0], "mdlm": [2.0]}), 64)
     assert one["pairs"][0]["ordered"] and not one["pairs"][0]["separated"]  # one seed: never separated
+
+
+def test_paper_gap_shares_from_its_table():
+    """The paper's share on each scale, by hand from LM1B Table 3 (AR 22.83, L'4 28.23, MDLM 31.78)."""
+    got = paper_gap_shares()
+    assert got["ppl"] == pytest.approx((31.78 - 28.23) / (31.78 - 22.83))  # 0.397: the issue's "40%"
+    assert got["nelbo"] == pytest.approx(math.log(31.78 / 28.23) / math.log(31.78 / 22.83))  # 0.358
+    assert round(got["ppl"], 3) == 0.397 and round(got["nelbo"], 3) == 0.358
 
 
 def test_paired_by_seed_takes_out_the_shared_seed_noise():
