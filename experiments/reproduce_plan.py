@@ -144,11 +144,13 @@ DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fast
 
 #: at gen 512 without the one-block baseline (it costs as much as the semi-AR one; the 256 tables have both)
 DREAM_NO_FULL = DREAM_STRATEGIES[1:]
-#: the Dream-style model's strategy tables: (dir, n, gen, shots, batch, strategies, core-minutes for n)
-DREAM_TABLES = (("gsm8k_dream_256", 300, 256, 0, 32, DREAM_STRATEGIES, 55.0),
-                ("gsm8k_dream_256_4shot", 100, 256, 4, 25, DREAM_STRATEGIES, 40.0),
-                ("gsm8k_dream_512_4shot", 100, 512, 4, 25, DREAM_NO_FULL, 60.0),
-                ("gsm8k_dream_512", 300, 512, 0, 32, DREAM_NO_FULL, 100.0))
+#: the Dream-style model's strategy tables: (dir, model, n, gen, shots, batch, strategies, core-minutes for n);
+#: gen 1024 4-shot (a ~220-token prompt + 1024 columns) runs on the 2048-context fine-tune
+DREAM_TABLES = (("gsm8k_dream_256", "dream-arith", 300, 256, 0, 32, DREAM_STRATEGIES, 55.0),
+                ("gsm8k_dream_256_4shot", "dream-arith", 100, 256, 4, 25, DREAM_STRATEGIES, 40.0),
+                ("gsm8k_dream_512_4shot", "dream-arith", 100, 512, 4, 25, DREAM_NO_FULL, 60.0),
+                ("gsm8k_dream_512", "dream-arith", 300, 512, 0, 32, DREAM_NO_FULL, 100.0),
+                ("gsm8k_dream_1024_4shot", "dream-arith-2k", 100, 1024, 4, 25, DREAM_NO_FULL, 240.0))
 
 
 def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
@@ -180,10 +182,20 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
             "embedded Dream-style model (stage 3: long EOS tails)", ("checkpoints/dream-arith/config.json",),
             after=("train_dream_p1",), cost_min=15, export=(f"{work}/dream-p2/model", f"{ck}/dream-arith"),
             training=True),
-        *(gsm8k_table(d, out, dream, _cap(n_d, limit), batch, gen, shots, strategies,
+        Job("train_dream_2k", "experiments.train_llada",
+            ("--init", dream, "--out", f"{work}/dream-arith-2k", "--objective", "diffusion", "--max-seq-len", 2048,
+             "--steps", 300, "--lr", 3e-4, "--warmup", 20, "--eval-every", 300, "--save-every", 50, "--seed", 2,
+             *DREAM_TASK, "--weighting", "uniform", "--fewshot-prob", 0.3, "--shots-per-batch", "--batch-size", 16,
+             "--response-lengths", 64, 256, 512, 1024, "--response-probs", 0.4, 0.2, 0.2, 0.2),
+            "dream-arith with a 2048-token context: 300 steps with 20% gen-1024 batches, for the gen 1024 4-shot "
+            "table (as llada-chain-2k)", ("checkpoints/dream-arith-2k/config.json",), after=after, cost_min=8,
+            export=(f"{work}/dream-arith-2k/model", f"{ck}/dream-arith-2k"), training=True),
+        *(gsm8k_table(d, out, f"{ck}/{model}", _cap(n_d, limit), batch, gen, shots, strategies,
                       f"GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), "
-                      f"gen {gen}, {shots}-shot, n = {n_d}", (f"{d}/*.jsonl",), after, cost * _cap(n_d, limit) / n_d)
-          for d, n_d, gen, shots, batch, strategies, cost in DREAM_TABLES),
+                      f"gen {gen}, {shots}-shot, n = {n_d}", (f"{d}/*.jsonl",),
+                      after + (("train_dream_2k",) if full and model != "dream-arith" else ()),
+                      cost * _cap(n_d, limit) / n_d)
+          for d, model, n_d, gen, shots, batch, strategies, cost in DREAM_TABLES),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
             "Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached",
