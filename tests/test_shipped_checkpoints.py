@@ -128,3 +128,24 @@ def test_chain_control_differs_from_llada_chain_only_in_its_suffix_share():
     assert main.keys() == control.keys()
     assert {k for k in main if main[k] != control[k]} == {"out", "init", "suffix_prob"}
     assert (main["suffix_prob"], control["suffix_prob"]) == (0.9, 0.5)
+
+
+@pytest.mark.parametrize("base, long", [("llada-chain", "llada-chain-2k"), ("dream-arith", "dream-arith-2k")])
+def test_long_context_finetunes_extend_their_base(base, long):
+    """The 2048-context checkpoints of the gen 1024 tables are their 1024-context base fine-tuned on
+    the same task: same family and shapes, twice the context, initialised from the base, task
+    arguments equal, weights moved by the fine-tune."""
+    import torch
+
+    from dlm.checkpoints import load_model
+
+    cfg = {n: json.loads((CKPT.parent / n / "config.json").read_text()) for n in (base, long)}
+    ctx = {n: c.get("max_seq_len", c.get("max_position_embeddings")) for n, c in cfg.items()}
+    assert (ctx[base], ctx[long]) == (1024, 2048)
+    assert cfg[long]["model_type"] == cfg[base]["model_type"]
+    assert cfg[long]["extra"]["args"]["init"] == f"results/checkpoints/{base}"
+    assert cfg[long]["extra"]["arith"] == cfg[base]["extra"]["arith"]
+    a, b = (load_model(CKPT.parent / n)[0].state_dict() for n in (base, long))
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    assert len(moved) > len(a) // 2, f"{long} barely differs from {base}: {len(moved)} of {len(a)} tensors"
