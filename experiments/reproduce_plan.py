@@ -56,6 +56,10 @@ FINETUNES = (
 TRACE_PROMPT = "Ann has 2 shells. She gets 5 more. She finds 1 more. How many shells does Ann have?"
 
 
+#: the seeds of the 3-epoch character ladder (``train_ppl_char_long``)
+LONG_SEEDS = (0, 1, 2, 3, 4)
+
+
 def training_jobs(out: str, work: str) -> list[Job]:
     """The README's three-phase LLaDA SFT, the BD3-LM fine-tunes and the perplexity ladder."""
     ck = f"{out}/checkpoints"
@@ -124,9 +128,6 @@ def training_jobs(out: str, work: str) -> list[Job]:
             "shrink enough to separate the rungs?",
             _seed_files("char-long", len(LONG_SEEDS)), cost_min=310, training=True),
     ]
-
-
-LONG_SEEDS = (0, 1, 2, 3, 4)
 
 
 def _seed_files(run: str, seeds: int = 3) -> tuple:

@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from dlm.checkpoints import load_model
 from dlm.tasks import fewshot_examples, generate_problems
 from experiments.evaluate import score
 from experiments.strategy import Strategy
@@ -135,10 +137,6 @@ def test_long_context_finetunes_extend_their_base(base, long):
     """The 2048-context checkpoints of the gen 1024 tables are their 1024-context base fine-tuned on
     the same task: same family and shapes, twice the context, initialised from the base, task
     arguments equal, weights moved by the fine-tune."""
-    import torch
-
-    from dlm.checkpoints import load_model
-
     cfg = {n: json.loads((CKPT.parent / n / "config.json").read_text()) for n in (base, long)}
     ctx = {n: c.get("max_seq_len", c.get("max_position_embeddings")) for n, c in cfg.items()}
     assert (ctx[base], ctx[long]) == (1024, 2048)
