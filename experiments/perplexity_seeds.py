@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from experiments.common import write_if_changed
-from experiments.perplexity_report import PAPER_PPL, gap_share, load_run, table2, table3
+from experiments.perplexity_report import GAP_SCALES, gap_share, load_run, paper_gap_shares, table2, table3
 
 #: the separation rule of two rungs a, b of the ladder (means and sample stds over seeds)
 SEPARATION = "|mean_a - mean_b| > 2 * max(std_a, std_b)"
@@ -55,17 +55,6 @@ def separated(a: Sequence[float], b: Sequence[float]) -> bool:
         return False
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
     return abs(ma - mb) > 2 * max(sa, sb)
-
-
-GAP_SCALES = ("nelbo", "ppl")  # the share is not scale-free: PPL = exp(NELBO) stretches the upper rungs
-
-
-def paper_gap_shares(style: str = "lm1b") -> dict:
-    """The share L'4 closes in the paper's Table 3 (:data:`PAPER_PPL`), on each of :data:`GAP_SCALES`:
-    on LM1B 39.7% of the PPL gap (22.83 / 28.23 / 31.78), 35.8% of the NELBO gap (their logs)."""
-    ppl = PAPER_PPL[style]
-    return {"ppl": gap_share(ppl["ar"], ppl["bd4"], ppl["mdlm"]),
-            "nelbo": gap_share(*(math.log(ppl[m]) for m in ("ar", "bd4", "mdlm")))}
 
 
 def paired_ci(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> dict:
@@ -161,10 +150,10 @@ def summarize(per_seed: dict, L: int) -> dict:
         common = sorted(set(by["ar"]["seeds"]) & set(by["bd4"]["seeds"]) & set(by["mdlm"]["seeds"]))
         gap = {}
         for scale in GAP_SCALES:  # the same share on the NELBO and on the PPL (the scale of the paper's table)
-            get = lambda n, s: by[n][scale][by[n]["seeds"].index(s)]  # noqa: E731
-            shares = [gap_share(get("ar", s), get("bd4", s), get("mdlm", s)) for s in common]
+            at = {n: dict(zip(by[n]["seeds"], by[n][scale])) for n in ("ar", "bd4", "mdlm")}  # {model: {seed: x}}
             means = [statistics.fmean(by[n][scale]) for n in ("ar", "bd4", "mdlm")]
-            gap[scale] = {"of_means": gap_share(*means), "per_seed": dict(zip(common, shares))}
+            gap[scale] = {"of_means": gap_share(*means),
+                          "per_seed": {s: gap_share(at["ar"][s], at["bd4"][s], at["mdlm"][s]) for s in common}}
     mc, pooled_x, pooled_y = {}, [], []
     for s, recs in per_seed.items():
         r = recs.get("mc/mdlm")

@@ -17,7 +17,8 @@ from conftest import find_shared_data
 from experiments.common import read_jsonl
 from experiments.perplexity import parse_config, run
 from experiments.perplexity_config import DATASETS, locate
-from experiments.perplexity_seeds import SEPARATION, paired_ci, paper_gap_shares, render, seed_configs, summarize
+from experiments.perplexity_report import paper_gap_shares
+from experiments.perplexity_seeds import SEPARATION, paired_ci, render, seed_configs, summarize
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
 
