@@ -17,7 +17,7 @@ from conftest import find_shared_data
 from experiments.common import read_jsonl
 from experiments.perplexity import parse_config, run
 from experiments.perplexity_config import DATASETS, locate
-from experiments.perplexity_report import paper_gap_shares
+from experiments.perplexity_report import bars, paper_gap_shares
 from experiments.perplexity_seeds import SEPARATION, paired_ci, render, seed_configs, summarize
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
@@ -200,6 +200,18 @@ def test_paper_gap_shares_from_its_table():
     assert got["ppl"] == pytest.approx((31.78 - 28.23) / (31.78 - 22.83))  # 0.397: the issue's "40%"
     assert got["nelbo"] == pytest.approx(math.log(31.78 / 28.23) / math.log(31.78 / 22.83))  # 0.358
     assert round(got["ppl"], 3) == 0.397 and round(got["nelbo"], 3) == 0.358
+
+
+def test_gap_bar_is_on_the_ppl_next_to_the_papers_share():
+    """The per-run bar: our PPL share against 40%, labelled with the paper's share of the same style
+    (OWT: (22.98 - 20.73) / (22.98 - 17.54) = 41.4%; char has no paper row, so LM1B's 39.7%)."""
+    t3 = [{"model": m, "ppl": p} for m, p in (("ar", 5.0), ("bd4", 8.0), ("mdlm", 10.0))]  # share 2/5
+    for style, label in (("char", "paper LM1B 39.7%"), ("lm1b", "paper LM1B 39.7%"), ("owt", "paper OWT 41.4%")):
+        order, (bar, measured, ok) = bars(t3, [], style)
+        assert order[2]  # ar < bd4 < mdlm
+        assert label in bar and "PPL gap" in bar and measured == "40.0%" and ok
+    t3[1]["ppl"] = 8.1  # share 0.38: below the bar
+    assert not bars(t3, [], "char")[1][2]
 
 
 def test_paired_by_seed_takes_out_the_shared_seed_noise():
