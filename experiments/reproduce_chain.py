@@ -17,6 +17,9 @@ from experiments.jobs import Job, _cap, gsm8k_table
 NO_FULL = ("baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
            "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold", "bd3lm")
 
+#: the bar's pair, rerun in one invocation for a speed-up measured in one run
+ONE_RUN = ("baseline_semiar", "fastdllm_dual_threshold")
+
 #: gen 512 zero-shot points taken to n = 300 (chosen from the n = 100 curves, so the first 100 problems are biased)
 FRONTIER_512 = ("sw_dual_f2", "sw_dual_f4", "sw_none_f4", "sw_dual_b16", "cache_adaptive_threshold")
 
@@ -61,6 +64,12 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                                 "baseline stopped at EOS, BD3-LM",
                                 (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"),
                                 needs, cost * m / n, extra=bd3_args))
+    for gen, n, cost in ((256, 300, 16.0), (512, 96, 22.0)):  # the zero-shot tables' rows ran in several invocations
+        d, m = f"gsm8k_chain_{gen}_one_run", _cap(n, limit)
+        jobs.append(gsm8k_table(d, out, chain, m, 32, gen, 0, ONE_RUN,
+                                f"gen {gen} zero-shot, n = {n}: the baseline and dual + threshold in one invocation, "
+                                "so their speed-up is one run's ratio (same tokens as the table's rows)",
+                                tuple(f"{d}/{s}.jsonl" for s in ONE_RUN), after, cost * m / n))
     m = _cap(100, limit)  # the curves' points
     for gen, cost in ((256, 20.0), (512, 60.0)):
         d = f"gsm8k_chain_{gen}"
