@@ -139,8 +139,8 @@ def _seed_files(run: str, seeds: int = 3) -> tuple:
 DREAM_TASK = ("--max-value", 9, "--ema", 0)
 FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
             "sw_adaptive_nb_tol0p02", "sw_adaptive_nb_tol0p05", "sw_delayed_re4")
-DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "fastdllm_prefix", "fastdllm_dual", "fastdllm_threshold",
-                    "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
+DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdllm_dual",
+                    "fastdllm_threshold", "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
 
 
 #: at gen 512 without the one-block baseline (it costs as much as the semi-AR one; the 256 tables have both)
