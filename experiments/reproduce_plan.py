@@ -140,7 +140,8 @@ DREAM_TASK = ("--max-value", 9, "--ema", 0)
 FRONTIER = ("sw_dual_thr0p7", "sw_dual_thr0p8", "sw_dual_thr0p95", "sw_dual_f2", "sw_adaptive_nb_thr0p8",
             "sw_adaptive_nb_tol0p02", "sw_adaptive_nb_tol0p05", "sw_delayed_re4")
 DREAM_STRATEGIES = ("baseline_full", "baseline_semiar", "baseline_semiar_eos", "fastdllm_prefix", "fastdllm_dual",
-                    "fastdllm_threshold", "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold")
+                    "fastdllm_threshold", "fastdllm_factor", "fastdllm_prefix_threshold", "fastdllm_dual_threshold",
+                    "bd3lm")
 
 
 #: at gen 512 without the one-block baseline (it costs as much as the semi-AR one; the 256 tables have both)
@@ -194,8 +195,10 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
         *(gsm8k_table(d, out, f"{ck}/{model}", _cap(n_d, limit), batch, gen, shots, strategies,
                       f"GSM8K-format strategy comparison on the Dream-style model (Fast-dLLM's Dream rules), "
                       f"gen {gen}, {shots}-shot, n = {n_d}", (f"{d}/*.jsonl",),
-                      after + (("train_dream_2k",) if full and model != "dream-arith" else ()),
-                      cost * _cap(n_d, limit) / n_d)
+                      after + (("train_dream_2k",) if full and model != "dream-arith" else ())
+                      + (("train_bd3lm_16",) if full else ()),
+                      cost * _cap(n_d, limit) / n_d,
+                      extra=("--bd3-model", f"{ck}/bd3lm-arith-16") + (("--bd3-context", 2048) if gen > 512 else ()))
           for d, model, n_d, gen, shots, batch, strategies, cost in DREAM_TABLES),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
