@@ -34,6 +34,12 @@ def _cap(n: int, limit: Optional[int]) -> int:
 GSM8K_REPORT = ("table.md", "table.csv", "table.json", "ablation.md", "ablation.csv", "pareto.png", "config.json")
 
 
+def bd3_flags(model: str, gen: int) -> tuple:
+    """The harness flags of a table's BD3-LM row: its model, and past gen 512 its context limit raised
+    to 2048 (it stops at its first EOS block, so it never reads that far)."""
+    return ("--bd3-model", model) + (("--bd3-context", 2048) if gen > 512 else ())
+
+
 def gsm8k_table(d: str, out: str, model: str, limit: int, batch: int, gen: int, shots: int, strategies: tuple,
                 what: str, samples: tuple, after: tuple, cost_min: float, extra: tuple = (),
                 name: Optional[str] = None) -> Job:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from experiments.jobs import Job, _cap, gsm8k_table
+from experiments.jobs import Job, _cap, bd3_flags, gsm8k_table
 
 #: the Table 1 line-up without the one-block baseline (at 512 it costs as much as the semi-AR one
 #: and says the same: pure diffusion is the testbed tables' subject)
@@ -57,13 +57,12 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
     ]
     for d, name, n, gen, shots, batch, strategies, cost in tables:
         m = _cap(n, limit)
-        bd3_args = ("--bd3-model", bd3) + (("--bd3-context", 2048) if gen > 512 else ())  # the BD3-LM row's model
         needs = after + (("train_llada_chain_2k",) if full and name != "llada-chain" else ())
         jobs.append(gsm8k_table(d, out, f"{ck}/{name}", m, batch, gen, shots, strategies,
                                 f"strategy table on {name}, gen {gen}, {shots}-shot, n = {n}: Table 1 line-up, the "
                                 "baseline stopped at EOS, BD3-LM",
                                 (f"{d}/baseline_*.jsonl", f"{d}/fastdllm_*.jsonl", f"{d}/bd3lm.jsonl"),
-                                needs, cost * m / n, extra=bd3_args))
+                                needs, cost * m / n, extra=bd3_flags(bd3, gen)))
     for gen, n, cost in ((256, 300, 16.0), (512, 96, 22.0)):  # the zero-shot tables' rows ran in several invocations
         d, m = f"gsm8k_chain_{gen}_one_run", _cap(n, limit)
         jobs.append(gsm8k_table(d, out, chain, m, 32, gen, 0, ONE_RUN,

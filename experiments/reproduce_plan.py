@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from experiments.jobs import GSM8K_REPORT, Job, _cap, gsm8k_table
+from experiments.jobs import GSM8K_REPORT, Job, _cap, bd3_flags, gsm8k_table
 from experiments.reproduce_anyorder import anyorder_jobs
 from experiments.reproduce_chain import chain_jobs
 
@@ -198,7 +198,7 @@ def dream_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                       after + (("train_dream_2k",) if full and model != "dream-arith" else ())
                       + (("train_bd3lm_16",) if full else ()),
                       cost * _cap(n_d, limit) / n_d,
-                      extra=("--bd3-model", f"{ck}/bd3lm-arith-16") + (("--bd3-context", 2048) if gen > 512 else ()))
+                      extra=bd3_flags(f"{ck}/bd3lm-arith-16", gen))
           for d, model, n_d, gen, shots, batch, strategies, cost in DREAM_TABLES),
         Job("dream_rules", "research.dream_rules",
             ("--model", dream, "--n", _cap(96, limit), "--n-topk", _cap(32, limit), "--out", f"{out}/dream_rules"),
