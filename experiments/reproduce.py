@@ -13,8 +13,8 @@ rebuild their tables, and a killed reproduction resumes where it stopped. The ot
 tables, drift, traces, training) are skipped when all their artefacts exist (``--force`` reruns).
 
 ``--only NAME ...`` runs just those jobs (a training job too). ``--out DIR`` other than
-``results/`` recomputes everything there from the committed checkpoints (the perplexity ladder's
-bf16 checkpoints and training records are copied in, so only its eval reruns). ``--limit N``
+``results/`` recomputes everything there from the committed checkpoints (the perplexity ladders'
+checkpoints are not committed: their jobs run with ``--full``). ``--limit N``
 caps every per-sample job at its first N problems (the same ids as the committed runs), and
 ``--verify`` (default with ``--out``) compares each sample with the committed one: same decoded
 output, same correctness. ``--full`` also retrains the embedded models (two-phase
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from experiments.common import REPO, atomic_write_text, git_sha, read_jsonl
+from experiments.common import REPO, git_sha, read_jsonl
 from experiments.common import write_if_changed
 from experiments.reproduce_plan import Job, plan
 
@@ -201,7 +201,7 @@ QUESTIONS = (
     ("How much faster is each cache / commit rule, at what accuracy? (Fast-dLLM Table 1 layout)", ("gsm8k_",)),
     ("Does semi-autoregressive decoding beat pure diffusion, and why (the EOS tail)?", ("testbed_",)),
     ("Is BD3-LM's KV cache exact, and what does each block size give?", ("bd3lm_blocks",)),
-    ("Perplexity vs block size (BD3-LM Table 3) and clipped schedules (Table 2)", ("perplexity_",)),
+    ("Perplexity vs block size (BD3-LM Table 3) and clipped schedules (Table 2)", ("perplexity_", "train_ppl_char")),
     ("What does each sampler compute: passes, positions, FLOPs?", ("cost_",)),
     ("Beyond Fast-dLLM: delayed (dKV-Cache) and drift-refreshed caches on the same frontier", ("caches_",)),
     ("Dream's family: Dream's own sampler and Fast-dLLM's Dream rules vs its LLaDA rules", ("dream_",)),
@@ -215,7 +215,7 @@ def index(jobs: list[Job]) -> str:
     """``results/README.md``: the tables grouped by the question they answer (one short line each)."""
     lines = [INDEX_HEAD]
     for question, prefixes in QUESTIONS:
-        group = [j for j in jobs if j.name.startswith(prefixes) and not j.training]
+        group = [j for j in jobs if j.name.startswith(prefixes)]  # a training job shows its reports, if any
         shown = [(j.what, [a for a in j.artefacts if a.endswith((".md", ".png"))]) for j in group]
         shown = [(what, arts) for what, arts in shown if arts]
         samples = sorted({g.split("/")[0] if "/" in g else g for j in group for g in j.samples})
@@ -308,20 +308,6 @@ def summary(res: dict[str, Outcome], wall: float, logs: Path, rerun: Optional[st
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def prepare_fresh(out: Path) -> None:
-    """Copy the committed perplexity checkpoints and training records into a fresh ``out``, so its
-    eval reruns on the committed models (the GSM8K-format jobs read results/checkpoints directly)."""
-    for src in sorted((RESULTS / "checkpoints").glob("perplexity-*")):
-        dst = out / "checkpoints" / src.name
-        if not dst.exists():
-            shutil.copytree(src, dst)
-    for src in sorted(RESULTS.glob("perplexity_*.jsonl")):
-        dst = out / src.name
-        if not dst.exists():
-            kept = [r for r in read_jsonl(src) if r.get("kind") in ("config", "train")]
-            atomic_write_text(dst, "".join(json.dumps(r) + "\n" for r in kept))
-
-
 def check_args(a, out: Path, names: list[str]) -> None:
     if a.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {a.jobs}")
@@ -359,8 +345,6 @@ def main(argv=None) -> int:
         return 0
     selected = [j for j in jobs if j.name in a.only] if a.only else [j for j in jobs if a.full or not j.training]
     in_place = out.resolve() == RESULTS.resolve()
-    if not in_place and not a.full:
-        prepare_fresh(out)
     sha = git_sha()  # before any job writes: the commit (and code state) that produces the results
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     before = outputs(selected, out)

@@ -319,14 +319,16 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
     jobs += dream_jobs(out, work, ck, limit, full)
     jobs += anyorder_jobs(out, work, ck, limit, full)
     jobs += chain_jobs(out, work, ck, limit, full)
+    # the laptop ladder's checkpoints are not committed (21 MB, as the char ladder's): its eval and report
+    # run with --full, after its retraining (or --only, on checkpoints trained here)
     ppl_after = ("train_ppl_a", "train_ppl_b") if full else ()
     jobs.append(Job("perplexity_eval", "experiments.perplexity", ("eval", "--preset", "laptop", "--out", out),
                     "perplexity ladder eval: NELBO PPL, MC ELBO cross-check, Var(NELBO) per schedule",
-                    (), ("perplexity_laptop.jsonl",), always=True, after=ppl_after, cost_min=6))
+                    (), ("perplexity_laptop.jsonl",), always=True, after=ppl_after, cost_min=6, training=True))
     jobs.append(Job("perplexity_report", "experiments.perplexity", ("report", "--preset", "laptop", "--out", out),
                     "BD3-LM Table 3 (PPL vs block size) and Table 2 (clipped schedules) at laptop scale",
                     ("perplexity_laptop.md", "perplexity_laptop.csv", "perplexity_laptop.png"),
-                    always=True, after=("perplexity_eval",)))
+                    always=True, after=("perplexity_eval",), training=True))
 
     cost = [  # (name, prompt, gen, block, steps, tokens/step, model)
         ("llada8b_p1000_g256", 1000, 256, 32, 256, 4, None),

@@ -43,7 +43,7 @@ def test_plan_names_and_artefacts_are_unique():
     assert len(arts) == len(set(arts))
     for j in jobs:
         assert set(j.after) <= set(names), j.name
-        if j.training:
+        if j.training and not j.always:  # (an `always` job resumes its own samples instead)
             assert j.artefacts, j.name  # a finished training job must be recognisable
 
 
@@ -135,22 +135,6 @@ def test_full_refuses_a_directory_with_samples(tmp_path):
         reproduce.main(["--out", str(tmp_path), "--full"])
 
 
-def test_prepare_fresh_copies_perplexity_models_and_train_records(tmp_path, monkeypatch):
-    res = tmp_path / "results"
-    (res / "checkpoints" / "perplexity-laptop-ar").mkdir(parents=True)
-    (res / "checkpoints" / "perplexity-laptop-ar" / "config.json").write_text("{}")
-    (res / "checkpoints" / "llada-arith").mkdir()
-    _write(res / "perplexity_laptop.jsonl", [{"id": "config", "kind": "config"}, {"id": "train/ar", "kind": "train"},
-                                            {"id": "ppl/ar", "kind": "ppl"}])
-    monkeypatch.setattr(reproduce, "RESULTS", res)
-    out = tmp_path / "fresh"
-    reproduce.prepare_fresh(out)
-    assert (out / "checkpoints" / "perplexity-laptop-ar" / "config.json").is_file()
-    assert not (out / "checkpoints" / "llada-arith").exists()  # read from results/ directly
-    kept = [json.loads(x)["id"] for x in (out / "perplexity_laptop.jsonl").read_text().splitlines()]
-    assert kept == ["config", "train/ar"]  # the eval records are recomputed
-
-
 @pytest.mark.slow  # a parent and a child subprocess
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux only (prctl PDEATHSIG)")
 def test_jobs_die_with_a_killed_reproduce():
@@ -196,7 +180,6 @@ def _fake_run(outcomes: dict, write: dict = {}):
 
 
 def test_summary_names_failed_and_blocked_jobs_and_how_to_rerun_them(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(reproduce, "prepare_fresh", lambda out: None)
     monkeypatch.setattr(reproduce, "run_jobs", _fake_run({
         "testbed_report": ("ran", 1.0), "bd3lm_blocks_report": ("skipped", 0.0),
         "perplexity_eval": ("failed", 2.0), "perplexity_report": ("blocked", 0.0)}))
@@ -214,7 +197,6 @@ def test_summary_names_failed_and_blocked_jobs_and_how_to_rerun_them(tmp_path, m
 def test_a_rebuild_that_changes_nothing_writes_nothing(tmp_path, monkeypatch):
     """reproduce.json (and README.md, verify.md) are rewritten only when an output or a job's
     status changed; each run's timings go to <work>/logs/runs.jsonl."""
-    monkeypatch.setattr(reproduce, "prepare_fresh", lambda out: None)
     out, work = tmp_path / "out", tmp_path / "work"
     argv = ["--out", str(out), "--work", str(work), "--only", "testbed_report"]
     meta = [out / "reproduce.json", out / "README.md", out / "verify.md"]
