@@ -26,12 +26,11 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from dlm.io import data_root
+
 STYLES = ("lm1b", "owt", "char")
 DEFAULT_TOKENIZERS = {"lm1b": "bert-base-uncased", "owt": "gpt2", "char": "char"}
 DEFAULT_LENGTHS = {"lm1b": 128, "owt": 1024, "char": 256}
-# the checkout's sibling ``../shared/data`` (or $DLM_SHARED_DATA) holds offline tokenizer copies
-SHARED_TOKENIZERS = Path(os.environ.get("DLM_SHARED_DATA") or
-                         Path(__file__).resolve().parents[2] / "shared" / "data") / "tokenizers"
 
 
 @dataclass(frozen=True)
@@ -107,14 +106,14 @@ def load_tokenizer(name_or_path: Union[str, os.PathLike]):
 
     Falls back to the slow-format classes for bare ``vocab.txt`` (BERT) or
     ``vocab.json`` + ``merges.txt`` (GPT-2) directories, and to the copies under
-    ``../shared/data/tokenizers`` (beside the checkout) for the names ``bert-base-uncased`` / ``gpt2``.
+    the data mirror's ``tokenizers/`` (:func:`dlm.io.data_root`) for the names ``bert-base-uncased`` / ``gpt2``.
     ``char``: :class:`CharTokenizer`.
     """
     if str(name_or_path) == "char":
         return CharTokenizer()
-    path = Path(name_or_path)
-    if not path.is_dir() and (SHARED_TOKENIZERS / str(name_or_path)).is_dir():
-        path = SHARED_TOKENIZERS / str(name_or_path)
+    path, mirrored = Path(name_or_path), data_root() / "tokenizers" / str(name_or_path)
+    if not path.is_dir() and mirrored.is_dir():
+        path = mirrored
     if path.is_dir():
         if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
             from transformers import GPT2Tokenizer

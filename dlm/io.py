@@ -11,6 +11,11 @@ tables and checkpoints are readable by whoever could read a file the process wro
 records past a point (and a last line cut short). Temp names: ``.<target name>.tmp-<random>`` (files and dirs) and ``.<target name>.old-<random>``
 (a directory being replaced); :func:`leftover_temps` finds them (and the names older versions of
 ``dlm.train`` used: ``tmp-*``, ``old-*``, ``.tmp-*``) so a restarted run can remove them.
+
+Two more things every writer and reader shares: :func:`stable_json` rounds every float to
+:data:`DIGITS` significant digits before it is written, so a rebuild on another CPU, BLAS or numpy
+(which move the last bits of a least-squares fit or a reduction) writes the same bytes; and
+:func:`data_root` is the one place that says where the data mirror is.
 """
 
 from __future__ import annotations
@@ -19,13 +24,46 @@ import fnmatch
 import json
 import os
 import shutil
+import math
 import tempfile
 from contextlib import contextmanager
-from typing import Callable, Iterator, Union
+from pathlib import Path
+from typing import Any, Callable, Iterator, Union
 
 PathLike = Union[str, os.PathLike]
 #: name patterns of temp files / dirs left behind when a writer is killed mid-write
 TEMP_PATTERNS = (".*.tmp-*", ".*.old-*", "tmp-*", "old-*", ".tmp-*")
+#: significant digits every written float keeps: BLAS / CPU / numpy noise (~1e-15 relative) is
+#: gone, and a 1e-13 relative change of a fit's inputs moves no written byte
+DIGITS = 10
+#: the checkout this package lives in; the data mirror's default is ``shared/data`` beside it
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def data_root() -> Path:
+    """The data mirror, read and never committed (real GSM8K, the LM1B / wikitext / PTB samples,
+    tinyshakespeare, offline tokenizers, the real LLaDA / Dream configs, the any-order test sets):
+    ``$DLM_SHARED_DATA`` when set, else ``shared/data`` beside the checkout. It may be absent:
+    everything that does not name one of its files runs without it."""
+    return Path(os.environ.get("DLM_SHARED_DATA") or CHECKOUT.parent / "shared" / "data")
+
+
+def round_floats(value: Any, digits: int = DIGITS) -> Any:
+    """``value`` with every float (in nested dicts, lists and tuples) rounded to ``digits``
+    significant digits; -0.0 becomes 0.0, non-finite floats stay as they are."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") + 0.0 if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: round_floats(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(round_floats(v, digits) for v in value)
+    return value
+
+
+def stable_json(value: Any, **kwargs) -> str:
+    """``json.dumps`` of :func:`round_floats` (``value``): the text every results file is written
+    with, so its bytes do not depend on the machine's last bits (numpy floats are plain floats)."""
+    return json.dumps(round_floats(value), **kwargs)
 
 
 def current_umask() -> int:

@@ -1,7 +1,7 @@
 """Where any-order generation wins: AR vs masked diffusion on tasks where the end constrains the
 start (Sudoku, Countdown) and on the reversal task (the line after / before a memorised line).
 
-    python -m experiments.anyorder --task sudoku --ar runs/anyorder/sudoku-ar \
+    python -m experiments.anyorder --task sudoku --ar runs/anyorder/sudoku-ar \\
         --mdm runs/anyorder/sudoku-mdm --n 300 --out results/anyorder
 
 Test sets: 4x4 Sudoku from ``../shared/data/reasoning/sudoku`` (``d1_4x4_test_sudoku.csv``),
@@ -19,22 +19,20 @@ equations). Per-sample results go to ``<out>/<task>_<row>.jsonl`` (resumable); `
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sample import stop_ids
+from dlm.io import data_root
 from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
-from experiments.cli import markdown_table, set_threads
+from experiments.cli import markdown_table, parser, run_main, set_threads
 from experiments.common import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
-from experiments.perplexity_config import data_root
 from experiments.strategy import Strategy
 
-SHARED = data_root() / "reasoning"
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after": reversal.check,
          "reversal_before": reversal.check}
 # generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail)
@@ -47,9 +45,9 @@ PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "arlong": "ar", "dream":
 def test_set(name: str, n: int) -> list:
     """The first ``n`` pairs of a task's test set."""
     if name == "sudoku":
-        pairs = sudoku.load(SHARED / "sudoku" / "d1_4x4_test_sudoku.csv")
+        pairs = sudoku.load(data_root() / "reasoning" / "sudoku" / "d1_4x4_test_sudoku.csv")
     elif name == "countdown":
-        pairs = countdown.load(SHARED / "countdown" / "cd3_test.jsonl")
+        pairs = countdown.load(data_root() / "reasoning" / "countdown" / "cd3_test.jsonl")
     else:
         pairs = reversal.test_pairs(reversal.corpus(), name.split("_")[1])
     return pairs[:n]
@@ -131,24 +129,27 @@ def report(out: Path) -> dict:
           f"right). Samples: {sample_shas(out)}.", "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
     atomic_write_text(out / "table.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "table.json", json.dumps(rows, indent=1))
+    atomic_write_text(out / "table.json", stable_json(rows, indent=1))
     print("\n".join(md))
     return {"rows": rows}
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["sudoku", "countdown", "reversal"])
-    p.add_argument("--ar", help="the AR model's checkpoint")
-    p.add_argument("--mdm", help="the masked-diffusion model's checkpoint")
-    p.add_argument("--adapted", help="optional: the AR model continued as a diffusion model (Dream's recipe)")
-    p.add_argument("--arlong", help="optional: the AR model continued as AR for the adapted model's extra tokens")
-    p.add_argument("--n", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=50)
-    p.add_argument("--out", default=str(REPO / "results" / "anyorder"))
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--report-only", action="store_true")
+    p = parser("anyorder", __doc__, paragraphs=2)
+    p.add_argument("--task", choices=["sudoku", "countdown", "reversal"], help="the task (needs --ar and --mdm)")
+    p.add_argument("--ar", metavar="DIR", help="the AR model's checkpoint")
+    p.add_argument("--mdm", metavar="DIR", help="the masked-diffusion model's checkpoint")
+    p.add_argument("--adapted", metavar="DIR", help="optional: the AR model continued as diffusion (Dream's recipe)")
+    p.add_argument("--arlong", metavar="DIR", help="optional: the AR model continued as AR as long")
+    p.add_argument("--n", type=int, default=300, help="first N test problems (default 300)")
+    p.add_argument("--batch-size", type=int, default=50, metavar="B", help="prompts per call (default 50)")
+    p.add_argument("--out", default=str(REPO / "results" / "anyorder"), metavar="DIR",
+                   help="results dir (default results/anyorder)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--report-only", action="store_true", help="rebuild table.md / .json from the JSONL")
     a = p.parse_args(argv)
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        raise ValueError(f"--out {a.out} is a file, not a results directory")
     if a.report_only:
         report(Path(a.out))
         return
@@ -156,8 +157,11 @@ def main(argv=None) -> None:
         raise ValueError("--task, --ar and --mdm are required (or --report-only)")
     if a.n < 1:
         raise ValueError(f"--n must be >= 1, got {a.n}")
+    for flag in ("ar", "mdm", "adapted", "arlong"):
+        if getattr(a, flag) is not None and not Path(getattr(a, flag)).is_dir():
+            raise ValueError(f"--{flag} {getattr(a, flag)}: not a checkpoint directory")
     run(a)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,37 +18,38 @@ threads default to ``OMP_NUM_THREADS``, else 1 (OpenMP spin on shared CPUs).
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
 from bd3lm import BD3Objective, sample
 from bd3lm.loss import bd3_nelbo
 from bd3lm.masks import dense_bd3_mask, num_columns
+from dlm.io import stable_json
 from dlm.model import ModelConfig, Transformer
 from dlm.stats import forward_flops
-from experiments.cli import add_run_args, device_of, dtype_of, set_threads
+from experiments.common import atomic_write_text
+from experiments.cli import add_run_args, at_least, device_of, dtype_of, parser, reading, run_main, set_threads
 from experiments.roofline import call_floor, machine
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(p, model=None, model_help="checkpoint dir (dlm.checkpoints; default: a random model)",
-                 dtype="float32", device="cpu", seed=False)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--train-len", type=int, default=256)
-    p.add_argument("--train-batch", type=int, default=4)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--steps-per-block", type=int, default=4)
-    p.add_argument("--sample-batch", type=int, default=1)
-    p.add_argument("--json", default=None, help="also write the results here")
+    p = parser("bench_bd3lm", __doc__, paragraphs=3)
+    add_run_args(p, model=None, model_help="checkpoint dir (default: a random model)", dtype="float32", device="cpu",
+                 seed=False)
+    count = at_least(1)
+    for flag, default, what in (("--d-model", 256, "random model width"), ("--layers", 4, "random model layers"),
+                                ("--vocab", 512, "random model vocabulary"), ("--block-size", 16, "L'"),
+                                ("--train-len", 256, "training row length L"), ("--train-batch", 4, "training rows"),
+                                ("--reps", 3, "timed repetitions"),
+                                ("--steps-per-block", 4, "sampling steps per block"),
+                                ("--sample-batch", 1, "sampled rows")):
+        p.add_argument(flag, type=count, default=default, metavar="N", help=f"{what} (default {default})")
+    p.add_argument("--lengths", type=count, nargs="+", default=[512, 1024], metavar="T",
+                   help="total sampling lengths (default 512 1024)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     return p.parse_args(argv)
 
 
@@ -57,7 +58,8 @@ def build_model(args) -> Transformer:
     if args.model:
         from dlm.checkpoints import load_model
 
-        model, _ = load_model(args.model, dtype=dtype, device=args.device)
+        with reading("--model", args.model):
+            model, _ = load_model(args.model, dtype=dtype, device=args.device)
         return model
     d = args.d_model
     cfg = ModelConfig(vocab_size=args.vocab, d_model=d, n_layers=args.layers, n_heads=max(d // 32, 1),
@@ -192,10 +194,9 @@ def main(argv=None) -> dict:
               f"speed-up {r['speedup']:.2f}x  (FLOP ideal {r['flop_ideal_speedup']:.2f}x)")
     result = {"training": train, "sampling": samp, "machine": hw, "args": vars(args)}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        atomic_write_text(Path(args.json), stable_json(result, indent=2) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -14,7 +14,7 @@ Dream-7B's real shape (``llada8b`` / ``dream7b``, read from the data mirror's co
 
     python -m experiments.bench_fastdllm --preset tiny --threads 1
     python -m experiments.bench_fastdllm --preset mid --prompt-len 200 --gen-length 256 --out results/speed
-    python -m experiments.bench_fastdllm --model ckpt/llada-8b --device cuda \
+    python -m experiments.bench_fastdllm --model ckpt/llada-8b --device cuda \\
         --dtype bfloat16 --gen-length 256 512
     bash experiments/gpu_check.sh      # LLaDA-8B's shape, random bf16 weights, every backend (one GPU)
 
@@ -28,17 +28,18 @@ more than one token per step on it; raise ``--init-std`` for peakier random dist
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
 import fastdllm
+from dlm.io import stable_json
 from dlm.model import Transformer
 from dlm.sampling import generate as baseline_generate
 from dlm.compiled import compiled
-from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
+from experiments.cli import (add_run_args, at_least, device_of, dtype_of, markdown_table, parser, reading,
+                             run_main, set_threads)
 from experiments.common import atomic_write_text, git_sha
 from experiments.roofline import call_floor, kinds, machine
 from experiments.shapes import REAL, SHAPES, random_model, real_shape
@@ -49,23 +50,24 @@ PRESETS = {"tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Flags, with ``--device`` resolved (cuda if available, else cpu)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_run_args(p, model=None, model_help="checkpoint for dlm.checkpoints.load_model (default: a random model)",
-                 dtype="float32")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="random model size")
-    p.add_argument("--init-std", type=float, default=0.02, help="random model init std")
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--gen-length", type=int, nargs="+", default=[256, 512])
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--backend", default="sdpa")
-    p.add_argument("--steps-per-token", type=int, default=1,
-                   help="tokens per step of the top-k variants (a random model never passes a threshold)")
-    p.add_argument("--compile", action="store_true",
-                   help="also time every variant with the forward under torch.compile (dlm.compiled), tokens checked")
-    p.add_argument("--out", default=None, help="write <out>/<name>.md and .json")
-    p.add_argument("--name", default=None, help="report name (default: the model or preset and gen lengths)")
+    p = parser("bench_fastdllm", __doc__, paragraphs=(0, 2))
+    add_run_args(p, model=None, model_help="checkpoint dir (default: a random model)", dtype="float32")
+    count = at_least(1)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", metavar="SHAPE",
+                   help=f"random model size: {', '.join(sorted(PRESETS))} (default tiny)")
+    p.add_argument("--init-std", type=float, default=0.02, metavar="X", help="random model init std (default 0.02)")
+    p.add_argument("--prompt-len", type=count, default=64, metavar="P", help="prompt tokens (default 64)")
+    p.add_argument("--gen-length", type=count, nargs="+", default=[256, 512], metavar="G",
+                   help="answer tokens, one run each (default 256 512)")
+    p.add_argument("--block-length", type=count, default=32, metavar="L", help="block length (default 32)")
+    p.add_argument("--batch-size", type=count, default=1, metavar="B", help="rows (default 1)")
+    p.add_argument("--threshold", type=float, default=0.9, metavar="T", help="threshold rule's tau (default 0.9)")
+    p.add_argument("--backend", default="sdpa", help="attention backend (default sdpa)")
+    p.add_argument("--steps-per-token", type=count, default=1, metavar="K",
+                   help="tokens per step of the top-k variants (default 1)")
+    p.add_argument("--compile", action="store_true", help="also time each variant under torch.compile")
+    p.add_argument("--out", default=None, metavar="DIR", help="write <out>/<name>.md and .json")
+    p.add_argument("--name", default=None, help="report name (default: model or preset, gen lengths)")
     args = p.parse_args(argv)
     args.device = str(device_of(args.device))
     return args
@@ -75,7 +77,8 @@ def build_model(args) -> Transformer:
     if args.model is not None:
         from dlm.checkpoints import load_model  # noqa: PLC0415 - only needed for real checkpoints
 
-        model, _tokenizer = load_model(args.model)
+        with reading("--model", args.model):
+            model, _tokenizer = load_model(args.model)
     else:
         shape = PRESETS[args.preset] or real_shape(args.preset)
         return random_model(shape, args.prompt_len + max(args.gen_length), args.device,
@@ -218,8 +221,8 @@ def report(res: dict, out: Path, name: str) -> None:
                            "matmuls ms", "matmuls / measured"], per_kind)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
-    atomic_write_text(out / f"{name}.json", json.dumps(res, indent=1))
+    atomic_write_text(out / f"{name}.json", stable_json(res, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -24,14 +24,14 @@ per step standing in for the threshold rule (a random model is never confident).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 
-from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, set_threads
+from dlm.io import stable_json
+from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, parser, run_main, set_threads
 from experiments.common import REPO, atomic_write_text, git_sha
 from experiments.roofline import call_floor, machine, sync
 from experiments.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
@@ -143,7 +143,7 @@ def report(res: dict, out: Path) -> None:
           *markdown_table(["strategy", "measured", "roofline"], cross)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
-    atomic_write_text(out / f"{name}.json", json.dumps(res, indent=1))
+    atomic_write_text(out / f"{name}.json", stable_json(res, indent=1))
     plot(res, out / f"{name}.png")
 
 
@@ -167,17 +167,21 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("bench_load", __doc__, paragraphs=2)
     add_run_args(p, model=None, model_help="unused (the shape picks the models)", dtype="float32", seed=False)
-    p.add_argument("--shape", default="embedded", choices=["embedded", *SHAPES, *REAL],
-                   help="embedded checkpoints, random mid / tiny (tests) / LLaDA-8B shape")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--skip-after", type=float, default=float("inf"),
-                   help="skip a strategy's larger batches once one of its calls took longer (seconds)")
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
-    p.add_argument("--out", default=str(REPO / "results" / "bench_load"))
+    p.add_argument("--shape", default="embedded", choices=["embedded", *SHAPES, *REAL], metavar="SHAPE",
+                   help=f"embedded checkpoints or random {'|'.join([*SHAPES, *REAL])} (default embedded)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64], metavar="B",
+                   help="batch sizes (default 1 8 32 64)")
+    p.add_argument("--gen-length", type=int, default=256, metavar="G",
+                   help="answer tokens (multiple of 16 and L; default 256)")
+    p.add_argument("--skip-after", type=float, default=float("inf"), metavar="SEC",
+                   help="skip a strategy's larger batches after a slower call")
+    p.add_argument("--block-length", type=int, default=32, metavar="L", help="block length (default 32)")
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES), metavar="NAME",
+                   help=f"of {' '.join(STRATEGIES)} (default all; ar needed)")
+    p.add_argument("--out", default=str(REPO / "results" / "bench_load"), metavar="DIR",
+                   help="results dir (default results/bench_load)")
     a = p.parse_args(argv)
     if not a.skip_after > 0:
         raise ValueError(f"--skip-after must be > 0 seconds, got {a.skip_after}")
@@ -196,4 +200,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

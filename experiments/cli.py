@@ -1,17 +1,170 @@
-"""Shared plumbing of the entry points: the common flags (model, device, dtype, seed, threads),
-threading defaults, and markdown tables. argparse lives only in entry points; this module only
-adds arguments to their parsers."""
+"""Shared plumbing of the entry points: their parser (:func:`parser`), how they end
+(:func:`run_main`), the common flags (model, device, dtype, seed, threads), threading defaults,
+and markdown tables. argparse lives only in entry points; this module builds their parsers.
+
+Every ``python -m experiments.X`` ends through :func:`run_main`: a user error (a bad flag value,
+a missing file or folder, a malformed checkpoint or data file) is one line on stderr,
+``python -m experiments.X: error: ...``, and exit status 2, like argparse's own errors; a bug
+keeps its traceback. ``DLM_TRACEBACK=1`` shows the traceback of user errors too."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from dlm.checkpoints import DTYPES
+
+REPO = Path(__file__).resolve().parents[1]
+#: OS errors that name a path the user gave (anything else, e.g. a full disk, keeps its traceback)
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
+
+
+# ------------------------------------------------------------------------------ user errors
+class UserError(ValueError):
+    """A mistake of the user's (flag value, path, data file): one line on stderr, exit status 2."""
+
+
+@contextlib.contextmanager
+def reading(flag: str, value) -> Iterator[None]:
+    """Errors while reading what ``flag`` names (missing, not a checkpoint, malformed) become one
+    :class:`UserError` naming the flag and its value (``--model DIR: ...``; ``key=`` flags: ``key=DIR: ...``)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (OSError, ValueError) as e:
+        raise UserError(f"{flag}{'' if flag.endswith('=') else ' '}{value}: {_message(e)}") from e
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
+def _raised_here(e: BaseException) -> bool:
+    """Whether ``e`` was raised by this repository's code (its own checks), not by a library."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    path = Path(tb.tb_frame.f_code.co_filename).resolve()
+    return REPO in path.parents and "site-packages" not in path.parts
+
+
+def user_error(e: BaseException) -> Optional[str]:
+    """The one-line message of an exception that means a user error, else None (a bug): a
+    :class:`UserError`, an OS error naming a path, or a ValueError raised by this repository's own
+    checks (a ValueError from inside torch, numpy or another library is a bug and keeps its traceback)."""
+    if isinstance(e, UserError) or isinstance(e, PATH_ERRORS) or (isinstance(e, ValueError) and _raised_here(e)):
+        return " ".join(_message(e).split())
+    return None
+
+
+def _prog(main: Callable) -> str:
+    module = sys.modules.get(main.__module__)
+    name = getattr(getattr(module, "__spec__", None), "name", None) or main.__module__
+    return f"python -m {name}"
+
+
+def run_main(main: Callable, argv: Optional[Sequence[str]] = None) -> None:
+    """Run an entry point's ``main(argv)`` and exit: its int return value is the exit status (else
+    0); a user error (:func:`user_error`) is one line on stderr and status 2; other exceptions keep
+    their traceback. Every ``if __name__ == "__main__"`` of experiments/ is ``run_main(main)``."""
+    try:
+        rc = main(None if argv is None else list(argv))
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except Exception as e:
+        message = None if os.environ.get("DLM_TRACEBACK") else user_error(e)
+        if message is None:
+            raise
+        print(f"{_prog(main)}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rc if type(rc) is int else 0)
+
+
+# ---------------------------------------------------------------------------------- parsers
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help with the description kept as written and a wider flag column."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 28, width=None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An entry point's parser: a one-line usage (positionals, required flags, ``[options]``) and
+    one-line errors (status 2, as argparse's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+    def _compact_usage(self) -> str:
+        parts = ["%(prog)s"]
+        for a in self._actions:
+            name = a.metavar or ("{" + ",".join(map(str, a.choices)) + "}" if a.choices else None)
+            if not a.option_strings:
+                name = name or a.dest
+                parts.append(f"[{name}]" if a.nargs in ("?", "*") else name)
+            elif a.required:
+                parts.append(f"{a.option_strings[-1]} {name or a.dest.upper()}")
+        return " ".join(parts + ["[options]"])
+
+    def format_usage(self) -> str:
+        self.usage = self.usage or self._compact_usage()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.usage = self.usage or self._compact_usage()
+        return super().format_help()
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an int >= ``minimum``, else argparse's one-line error naming the flag
+    (``argument --steps: must be an int >= 1, got '0'``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_list_flag(p: argparse.ArgumentParser, flag: str, text: Callable[[], str], help: str) -> None:
+    """``flag`` prints ``text()`` and exits 0 (argparse's ``--version`` kind): long lists of names
+    stay out of ``--help``."""
+
+    class _Print(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(text())
+            parser.exit(0)
+
+    p.add_argument(flag, nargs=0, action=_Print, help=help)
+
+
+def parser(name: str, doc: str, paragraphs: int | Sequence[int] = 1,
+           epilog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser of ``python -m experiments.<name>``: its description the first ``paragraphs``
+    of ``doc`` (the module docstring), or those at the given indices; ``--help`` stays short
+    and the rest is one ``pydoc`` away."""
+    parts = doc.strip("\n").split("\n\n")
+    keep = range(paragraphs) if isinstance(paragraphs, int) else paragraphs
+    more = f"Details: python -m pydoc experiments.{name}"
+    return _Parser(prog=f"python -m experiments.{name}", description="\n\n".join(parts[i] for i in keep),
+                   formatter_class=_Formatter, epilog=f"{epilog}\n{more}" if epilog else more)
 
 
 def add_run_args(p: argparse.ArgumentParser, model: Optional[str] = None, model_help: str = "checkpoint dir",
@@ -20,13 +173,14 @@ def add_run_args(p: argparse.ArgumentParser, model: Optional[str] = None, model_
     dtype ``auto`` is bfloat16 on CUDA and float32 on the CPU; threads default to the cores that
     no other running process uses (:func:`default_threads`: oversubscribed threads make small
     models several times slower on a shared machine)."""
-    p.add_argument("--model", default=model, help=f"{model_help} (default: {model})")
-    p.add_argument("--device", default=device, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default=dtype, choices=["auto", *DTYPES],
-                   help=f"parameter dtype (default {dtype}; auto: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the cores no other "
-                        "running process uses, at least 1)")
+    p.add_argument("--model", default=model, metavar="DIR",
+                   help=model_help if model is None else f"{model_help} (default: {model})")
+    p.add_argument("--device", default=device,
+                   help=f"torch device (default: {device or 'cuda if available, else cpu'})")
+    p.add_argument("--dtype", default=dtype, choices=["auto", *DTYPES], metavar="DTYPE",
+                   help=f"auto (bf16 on CUDA, fp32 on CPU) or {'|'.join(DTYPES)} (default {dtype})")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: OMP_NUM_THREADS, else the free cores)")
     if seed:
         p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 

@@ -1,7 +1,7 @@
 """Analytic compute cost of every sampler: forward passes, positions computed, FLOPs.
 
-    python -m experiments.compute_cost --prompt 1000 --gen 256 --block 32 --steps 256 \
-        --tokens-per-step 4 [--model CONFIG_JSON_or_DIR | --params N --layers L --d-model D \
+    python -m experiments.compute_cost --prompt 1000 --gen 256 --block 32 --steps 256 \\
+        --tokens-per-step 4 [--model CONFIG_JSON_or_DIR | --params N --layers L --d-model D \\
         --vocab V] [--plot cost.png] [--json cost.json]
 
 Every sampler is written down as its list of forwards ``(query columns Q, key columns K, LM-head
@@ -31,7 +31,6 @@ no parallel variant. Counts match ``SampleStats.nfe`` / ``positions_computed`` o
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -40,9 +39,10 @@ from typing import Optional
 
 import numpy as np
 
+from dlm.io import stable_json
 from dlm.stats import forward_flops
 from fastdllm.dream import RULE_SETS
-from experiments.cli import markdown_table
+from experiments.cli import markdown_table, parser, run_main
 
 #: LLaDA-8B (Nie et al. 2025, Tab. 5): the default model of the table.
 LLADA_8B = dict(vocab_size=126464, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
@@ -290,21 +290,23 @@ def cost_model_from_args(args) -> CostModel:
 
 
 def main(argv=None) -> list[CostRow]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompt", type=int, required=True, help="prompt tokens P")
-    p.add_argument("--gen", type=int, required=True, help="answer tokens G")
-    p.add_argument("--block", type=int, required=True, help="block length L (divides G)")
-    p.add_argument("--steps", type=int, required=True, help="top-k denoising steps K in all (multiple of G/L)")
-    p.add_argument("--tokens-per-step", type=float, default=None,
-                   help="expected tokens committed per step R with parallel decoding (adds rows)")
-    p.add_argument("--model", default=None, help="config.json or checkpoint dir (default: LLaDA-8B shape)")
-    p.add_argument("--params", type=int, default=None, help="non-embedding parameters N")
-    p.add_argument("--layers", type=int, default=None, help="number of layers")
-    p.add_argument("--d-model", type=int, default=None, help="model width")
-    p.add_argument("--vocab", type=int, default=None, help="vocabulary size")
-    p.add_argument("--plot", default=None, help="write cost-vs-G plot (PNG) here")
-    p.add_argument("--json", default=None, help="write the table as JSON here")
-    p.add_argument("--md", default=None, help="write the printed markdown table here")
+    p = parser("compute_cost", __doc__, paragraphs=2)
+    p.add_argument("--prompt", type=int, required=True, metavar="P", help="prompt tokens P")
+    p.add_argument("--gen", type=int, required=True, metavar="G", help="answer tokens G")
+    p.add_argument("--block", type=int, required=True, metavar="L", help="block length L (divides G)")
+    p.add_argument("--steps", type=int, required=True, metavar="K",
+                   help="top-k denoising steps K in all (multiple of G/L)")
+    p.add_argument("--tokens-per-step", type=float, default=None, metavar="R",
+                   help="tokens per step R of parallel decoding (adds rows)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="config.json or checkpoint dir (default: LLaDA-8B)")
+    p.add_argument("--params", type=int, default=None, metavar="N", help="non-embedding parameters N")
+    p.add_argument("--layers", type=int, default=None, metavar="N", help="number of layers")
+    p.add_argument("--d-model", type=int, default=None, metavar="D", help="model width")
+    p.add_argument("--vocab", type=int, default=None, metavar="V", help="vocabulary size")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write a cost-vs-G plot here")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the table as JSON here")
+    p.add_argument("--md", default=None, metavar="PATH", help="write the printed markdown table here")
     args = p.parse_args(argv)
     model = cost_model_from_args(args)
     rows = cost_table(model, args.prompt, args.gen, args.block, args.steps, args.tokens_per_step)
@@ -318,11 +320,11 @@ def main(argv=None) -> list[CostRow]:
         payload = {"git_sha": git_sha(), "model": asdict(model),
                    "config": {k: getattr(args, k) for k in ("prompt", "gen", "block", "steps", "tokens_per_step")},
                    "rows": [asdict(r) for r in rows]}
-        atomic_write_text(Path(args.json), json.dumps(payload, indent=1) + "\n")
+        atomic_write_text(Path(args.json), stable_json(payload, indent=1) + "\n")
     if args.plot:
         plot(model, args.prompt, args.gen, args.block, args.steps, args.tokens_per_step, Path(args.plot))
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,6 +1,6 @@
 """How far Fast-dLLM's approximate KV cache drifts from exact recomputation.
 
-    python -m experiments.drift [--model DIR] [--prompts 2] [--gen 128 --block 32] \
+    python -m experiments.drift [--model DIR] [--prompts 2] [--gen 128 --block 32] \\
         [--cache dual|prefix] [--refresh block every:4 ...] [--run NAME] [--out-dir results/drift]
 
 Fast-dLLM (Wu et al. 2025, Sec. 3.2) reuses K/V computed at the start of a block (or at the last
@@ -29,8 +29,6 @@ Writes ``<out-dir>/<run>.json`` (config, git SHA, per-step records) and ``<run>.
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -39,10 +37,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dlm.io import stable_json
 from dlm.cache import KVCache
 from dlm.commit import suppress_logits
 from dlm.sampling import check_blocks
 from fastdllm.dream import RULE_SETS, resolve_rules
+from experiments.cli import parser, reading, run_main
 from experiments.common import REPO, arith_config_of, atomic_write_text, config_hash, git_sha
 
 
@@ -284,25 +284,27 @@ def prompts_for(model, tok, n: int, length: int, seed: int, arith=None) -> list[
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint dir (default: tiny random model)")
-    p.add_argument("--prompts", type=int, default=2, help="number of prompts")
-    p.add_argument("--prompt-len", type=int, default=16, help="random prompt length (models without tokenizer)")
-    p.add_argument("--gen", type=int, default=128, help="answer tokens")
-    p.add_argument("--block", type=int, default=32, help="block length")
-    p.add_argument("--steps", type=int, default=None, help="top-k steps in all (default gen)")
-    p.add_argument("--threshold", type=float, default=None, help="parallel decoding threshold instead of top-k")
-    p.add_argument("--cache", default="dual", choices=["dual", "prefix"], help="Fast-dLLM cache policy")
-    p.add_argument("--refresh", nargs="+", default=["block", "every:4"],
-                   help="policies to compare: 'block' (--cache refreshed at each block start), 'every:K' (and every "
-                        "K steps), 'delayed[:D]', 'adaptive:TOL', 'adaptive-nb:TOL' (fastdllm.delayed / .adaptive)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--layers", type=int, default=4, help="layers of the tiny random model")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--run", default=None, help="run name (default <model>_<cache>_g<gen>_b<block>)")
-    p.add_argument("--out-dir", default=str(REPO / "results" / "drift"))
-    p.add_argument("--dtype", default="float32", help="dtype for --model")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = parser("drift", __doc__, paragraphs=2)
+    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint dir (default: a tiny random model)")
+    p.add_argument("--prompts", type=int, default=2, metavar="N", help="number of prompts (default 2)")
+    p.add_argument("--prompt-len", type=int, default=16, metavar="P",
+                   help="random prompt length (no tokenizer; default 16)")
+    p.add_argument("--gen", type=int, default=128, metavar="G", help="answer tokens (default 128)")
+    p.add_argument("--block", type=int, default=32, metavar="L", help="block length (default 32)")
+    p.add_argument("--steps", type=int, default=None, metavar="S", help="top-k steps in all (default G)")
+    p.add_argument("--threshold", type=float, default=None, metavar="T", help="threshold rule instead of top-k")
+    p.add_argument("--cache", default="dual", choices=["dual", "prefix"], help="Fast-dLLM cache (default dual)")
+    p.add_argument("--refresh", nargs="+", default=["block", "every:4"], metavar="POLICY",
+                   help="block, every:K, delayed[:D], adaptive:TOL, adaptive-nb:TOL (default: block every:4)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0)")
+    p.add_argument("--layers", type=int, default=4, metavar="N", help="layers of the tiny random model (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--run", default=None, metavar="NAME", help="run name (default <model>_<cache>_g<G>_b<L>)")
+    p.add_argument("--out-dir", default=str(REPO / "results" / "drift"), metavar="DIR",
+                   help="results dir (default results/drift)")
+    p.add_argument("--dtype", default="float32", help="dtype for --model (default float32)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default cuda if available, else cpu)")
     args = p.parse_args(argv)
     if args.prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
@@ -313,7 +315,9 @@ def main(argv=None) -> dict:
     else:
         from dlm.checkpoints import load_model
 
-        (model, tok), model_name = load_model(args.model, dtype=args.dtype, device=args.device), Path(args.model).name
+        with reading("--model", args.model):
+            model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+        model_name = Path(args.model).name
     device = next(model.parameters()).device
     arith = None if args.model is None else arith_config_of(args.model)
     prompts = [x.to(device) for x in prompts_for(model, tok, args.prompts, args.prompt_len, args.seed, arith)]
@@ -327,7 +331,7 @@ def main(argv=None) -> dict:
     out_dir = Path(args.out_dir)
     payload = {"config": config, "summary": summaries,
                "per_prompt": {name: [asdict(r) for r in rs] for name, rs in results.items()}}
-    atomic_write_text(out_dir / f"{run}.json", json.dumps(payload) + "\n")
+    atomic_write_text(out_dir / f"{run}.json", stable_json(payload) + "\n")
     md = markdown(config, summaries)
     atomic_write_text(out_dir / f"{run}.md", md)
     plots = plot(summaries, out_dir / run)
@@ -337,4 +341,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

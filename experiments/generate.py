@@ -31,6 +31,7 @@ the loop's per-step :class:`dlm.sample.StepView` callback: a block is final once
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ from torch import Tensor
 
 from dlm.checkpoints import load_model
 from dlm.sample import StepView
-from experiments.cli import add_run_args, device_of, dtype_of, set_threads
+from experiments.cli import UserError, add_run_args, device_of, dtype_of, reading, run_main, set_threads
+from experiments.cli import parser as entry_parser
 from experiments.strategy import BLOCK_MODELS, Strategy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,26 +167,26 @@ def add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="preset: baseline (cache none, top-k), fastdllm (--cache none|prefix|dual, "
                         "--threshold/--factor) or bd3lm (cache exact, top-k); default: --cache/--rule")
     p.add_argument("--cache", default=None, choices=CACHES, help="cache policy (default none)")
-    p.add_argument("--rule", default=None, choices=RULES,
-                   help="commit rule (default: threshold/factor when their number is given, else topk)")
-    p.add_argument("--threshold", type=float, default=None, help="threshold rule's confidence (Fast-dLLM eq. 5)")
-    p.add_argument("--factor", type=float, default=None, help="factor rule's number (Fast-dLLM eq. 6)")
-    p.add_argument("--gen-length", type=int, default=64, help="answer tokens")
-    p.add_argument("--block-length", type=int, default=None,
-                   help=f"semi-AR block length (default {DEFAULT_BLOCK}; the model's block size for --cache exact)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="top-k denoising steps in all; default: gen-length (one token per step)")
+    p.add_argument("--rule", default=None, choices=RULES, metavar="RULE",
+                   help=f"commit rule: {', '.join(RULES)} (default: threshold / factor when its number is "
+                        "given, else topk)")
+    p.add_argument("--threshold", type=float, default=None, metavar="T", help="threshold rule's confidence")
+    p.add_argument("--factor", type=float, default=None, metavar="F", help="factor rule's number")
+    p.add_argument("--gen-length", type=int, default=64, metavar="G", help="answer tokens (default 64)")
+    p.add_argument("--block-length", type=int, default=None, metavar="L",
+                   help=f"block length (default {DEFAULT_BLOCK}; --cache exact: the model's)")
+    p.add_argument("--steps", type=int, default=None, metavar="S", help="top-k steps in all (default: G)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop after the block that holds EOS")
-    p.add_argument("--temperature", type=float, default=0.0, help="Gumbel temperature (0: greedy)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="Gumbel temperature (0: greedy)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
     p.add_argument("--rules", default="auto", choices=["auto", "llada", "dream"],
-                   help="whose rules topk/threshold/factor follow (fastdllm.dream): auto (default) = Fast-dLLM's "
-                        "Dream rules for a Dream checkpoint, its LLaDA rules otherwise")
+                   help="whose rules topk/threshold/factor follow: auto = Fast-dLLM's Dream rules for a Dream "
+                        "checkpoint, its LLaDA rules otherwise")
     p.add_argument("--alg", default=None, choices=["origin", "maskgit_plus", "topk_margin", "entropy"],
-                   help="Dream's own sampler (--rule dream): its alg (default entropy)")
-    p.add_argument("--alg-temp", type=float, default=None, help="Dream: sample the committed columns (alg_temp)")
-    p.add_argument("--eps", type=float, default=None, help="Dream's timestep floor (default 1e-3)")
-    p.add_argument("--top-k", type=int, default=None, help="Dream's proposal: top-k filter")
+                   metavar="ALG", help="--rule dream: origin|maskgit_plus|topk_margin|entropy (default entropy)")
+    p.add_argument("--alg-temp", type=float, default=None, metavar="T", help="--rule dream: alg_temp")
+    p.add_argument("--eps", type=float, default=None, help="--rule dream: timestep floor (default 1e-3)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="--rule dream: top-k filter")
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,12 @@ class Setup:
         return label(self.strategy)
 
 
+def _flags(text: str) -> str:
+    """A strategy's field names in an error as this command's flags (``gen_length=`` -> ``--gen-length=``)."""
+    return re.sub(r"\b(gen_length|block_length|steps|threshold|factor|temperature|alg_temp|eps|top_k)\b(?==| must)",
+                  lambda m: "--" + m[1].replace("_", "-"), text)
+
+
 def setup(parser: argparse.ArgumentParser, args) -> Setup:
     """Validate the flags (argparse errors, before any loading when possible), set the threads,
     load the model the cache needs and build the strategy."""
@@ -272,29 +280,35 @@ def setup(parser: argparse.ArgumentParser, args) -> Setup:
         if choice.cache not in BLOCK_MODELS:
             build_strategy(choice, args)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(_flags(str(e)))
     set_threads(args.threads)
     device = device_of(args.device)
     dtype = dtype_of(args.dtype, device)
     if choice.cache in BLOCK_MODELS:
         try:
-            model, tok, block_model = load_block_model(args.model, dtype, device)
-        except ValueError as e:  # a checkpoint without BD3-LM metadata
+            with reading("--model", args.model or DEFAULT_BD3_MODEL):
+                model, tok, block_model = load_block_model(args.model, dtype, device)
+        except UserError as e:  # e.g. a checkpoint without BD3-LM metadata
             parser.error(f"--cache {choice.cache} needs a BD3-LM checkpoint: {e}")
     else:
-        (model, tok), block_model = load(args.model, dtype, device), None
+        try:
+            with reading("--model", args.model or DEFAULT_MODEL):
+                (model, tok), block_model = load(args.model, dtype, device), None
+        except UserError as e:
+            parser.error(str(e))
     try:
         strategy = build_strategy(choice, args, block_model)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(_flags(str(e)))
     return Setup(model.to(device), tok, strategy, device)
 
 
-def parser(description: str = __doc__) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(name: str = "generate", doc: str = __doc__) -> argparse.ArgumentParser:
+    """The flags of generate and trace (``name``: the entry point, ``doc``: its docstring)."""
+    p = entry_parser(name, doc)
     add_run_args(p, model=None, dtype="float32",
                  model_help="checkpoint dir or hub id (default: the embedded model, else a tiny random one)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question (default: an embedded-task one)")
     add_strategy_args(p)
     return p
 
@@ -302,8 +316,7 @@ def parser(description: str = __doc__) -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     p = parser()
     p.add_argument("--stream", action="store_true", help="print each block of the answer once it is final")
-    p.add_argument("--compile", action="store_true",
-                   help="run the model forward under torch.compile (same tokens; the first call compiles)")
+    p.add_argument("--compile", action="store_true", help="forward under torch.compile (same tokens)")
     args = p.parse_args(argv)
     run = setup(p, args)
     model, tok, strategy = run.model, run.tokenizer, run.strategy
@@ -336,4 +349,4 @@ __all__ = ["AnswerStream", "FinalBlocks", "Setup", "add_strategy_args", "build_s
            "label", "load", "load_block_model", "main", "setup"]
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

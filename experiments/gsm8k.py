@@ -14,11 +14,14 @@ examples come from the arith train split, the Hub train split, or ``train.jsonl`
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
 user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``.
 
-Strategies (--strategies, names or grids from experiments/strategy.py): grid ``table1`` =
-baseline_full baseline_semiar fastdllm_prefix fastdllm_dual fastdllm_threshold fastdllm_factor
-fastdllm_prefix_threshold fastdllm_dual_threshold bd3lm; grid ``factorial`` = the 24 ``abl_*``
-cells of cache x parallel x stop_at_eos x block size. ``bd3lm`` runs its block-causal model from
---bd3-model and is skipped with a message without it.
+Strategies (--strategies, names or grids from experiments/strategy.py; ``--list-strategies``
+prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and rules and
+``bd3lm``; grid ``factorial`` = the 24 ``abl_*`` cells of cache x parallel x stop_at_eos x block
+size. ``bd3lm`` runs its block-causal model from --bd3-model and is skipped with a message
+without it; ``--bd3-context N`` raises that model's context limit for the run (its RoPE has no
+learned positions, and BD3-LM stops at the first EOS block, so only a row that does not stop
+reads positions past its training). ``--sort-prompts`` batches prompts of similar length
+(longest first): less padding; each record keeps its batch's padded width.
 
 Outputs under --out (default: a new folder ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one line per sample (id, strategy, config hash,
 prompt length, output, extracted answer, target, correct, nfe, positions computed, tokens until
@@ -48,14 +51,16 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
+from dlm.io import stable_json
 from dlm import distributed
 from dlm.tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
-from experiments.cli import DTYPES, device_of, dtype_of, set_threads
+from experiments.cli import (DTYPES, add_list_flag, device_of, dtype_of, parser, reading, run_main,
+                             set_threads)
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                                 git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
 from experiments.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from fastdllm.dream import RULE_SETS
-from experiments.strategy import GRIDS, STRATEGY_NAMES, Strategy, resolve
+from experiments.strategy import STRATEGY_NAMES, Strategy, listing, resolve
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_ARITH_N = 500
@@ -96,57 +101,42 @@ class Loaded:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.gsm8k", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL),
-                   help="checkpoint directory or hub id for dlm.load_model (default: the embedded "
-                        "results/checkpoints/llada-arith)")
-    p.add_argument("--bd3-model", default=None,
-                   help="BD3-LM checkpoint (bd3lm.BD3LM.load) for the bd3lm strategy; without it "
-                        "bd3lm is skipped")
-    p.add_argument("--bd3-context", type=int, default=None,
-                   help="raise --bd3-model's context limit (config max_seq_len) to N for this run: its RoPE has "
-                        "no learned positions, and BD3-LM stops at the first EOS block, so only a row that does "
-                        "not stop reads positions past its training (recorded in the config)")
+    p = parser("gsm8k", __doc__, paragraphs=2)
+    add_list_flag(p, "--list-strategies", listing, "print every grid and strategy name and exit")
+    p.add_argument("--model", default=str(DEFAULT_MODEL), metavar="DIR",
+                   help="checkpoint dir or hub id (default: llada-arith)")
+    p.add_argument("--bd3-model", default=None, metavar="DIR",
+                   help="BD3-LM checkpoint for bd3lm (else skipped)")
+    p.add_argument("--bd3-context", type=int, default=None, metavar="N",
+                   help="raise --bd3-model's max_seq_len to N (recorded)")
     p.add_argument("--data", default="arith",
-                   help="'arith' (held-out embedded task), 'gsm8k' (Hub openai/gsm8k test) or a "
-                        "local GSM8K jsonl path (default: arith)")
-    p.add_argument("--num-fewshot", type=int, default=0, help="worked examples before each question (default 0)")
-    p.add_argument("--limit", type=int, default=None,
-                   help=f"first N problems (default: all of GSM8K; {DEFAULT_ARITH_N} for arith)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per sampler call (default 32)")
-    p.add_argument("--compile", action="store_true",
-                   help="run the model forward under torch.compile (same tokens; timings include compiling)")
-    p.add_argument("--sort-prompts", action="store_true",
-                   help="batch prompts of similar length (longest first) instead of in order: less padding "
-                        "(recorded in the config; each record keeps its batch's padded width)")
-    p.add_argument("--seed", type=int, default=0, help="problem set, few-shot draw and sampler noise seed")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="use the plain 'Question: ...\\nAnswer:' prompt even if the tokenizer has a chat template")
-    p.add_argument("--strategies", nargs="+", default=["table1"],
-                   help=f"strategy names or grids {sorted(GRIDS)} (default: table1); known strategies: "
-                        + " ".join(STRATEGY_NAMES))
-    p.add_argument("--baseline", default="baseline_semiar",
-                   help="row the report's speed-up is relative to (default baseline_semiar)")
-    p.add_argument("--gen-length", type=int, default=256, help="generated columns (default 256)")
-    p.add_argument("--block-length", type=int, default=32, help="semi-AR block length (default 32)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="denoising steps of the top-k schedule (default: gen length, one token per step)")
-    p.add_argument("--threshold", type=float, default=0.9, help="Fast-dLLM threshold rule tau (default 0.9)")
-    p.add_argument("--factor", type=float, default=1.0, help="Fast-dLLM factor rule f (default 1.0)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+                   help="arith (default), gsm8k (Hub) or a GSM8K jsonl")
+    p.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="worked examples per prompt (default 0)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help=f"first N problems (default all; {DEFAULT_ARITH_N} for arith)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="prompts per sampler call (default 32)")
+    p.add_argument("--compile", action="store_true", help="forward under torch.compile (same tokens)")
+    p.add_argument("--sort-prompts", action="store_true", help="batch prompts of similar length (recorded)")
+    p.add_argument("--seed", type=int, default=0, help="problems, shots and sampler noise (default 0)")
+    p.add_argument("--no-chat-template", action="store_true", help="plain 'Question: ...\\nAnswer:' prompts")
+    p.add_argument("--strategies", nargs="+", default=["table1"], metavar="NAME",
+                   help="strategy or grid names (default table1; --list-strategies)")
+    p.add_argument("--baseline", default="baseline_semiar", metavar="NAME",
+                   help="row of the speed-ups (default baseline_semiar)")
+    p.add_argument("--gen-length", type=int, default=256, metavar="G", help="generated columns (default 256)")
+    p.add_argument("--block-length", type=int, default=32, metavar="L", help="semi-AR block length (default 32)")
+    p.add_argument("--steps", type=int, default=None, metavar="S", help="top-k steps in all (default: G)")
+    p.add_argument("--threshold", type=float, default=0.9, metavar="T", help="threshold rule's tau (default 0.9)")
+    p.add_argument("--factor", type=float, default=1.0, metavar="F", help="factor rule's f (default 1.0)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0)")
     p.add_argument("--rules", default="auto", choices=list(RULE_SETS),
-                   help="whose block rules the top-k / threshold / factor rows follow (fastdllm.dream): auto "
-                        "(default) = Fast-dLLM's Dream rules for a Dream checkpoint (shifted logits), its LLaDA "
-                        "rules otherwise; 'llada' runs a Dream checkpoint under the LLaDA rules")
-    p.add_argument("--out", default=None,
-                   help="results directory (default: a new runs/gsm8k_<data>_<date-time>; committed results in "
-                        "results/ are only written when named explicitly, as experiments.reproduce does)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda[:LOCAL_RANK] if available, else cpu)")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="parameter dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores, at least 1)")
+                   help="whose block rules (auto: Dream's for Dream)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="results dir (default: new runs/gsm8k_<data>_<time>)")
+    p.add_argument("--device", default=None, help="torch device (default cuda[:LOCAL_RANK], else cpu)")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], metavar="DTYPE",
+                   help="auto (bf16 on CUDA, else fp32) or a torch dtype")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: free cores)")
     return p
 
 
@@ -176,10 +166,13 @@ def parse_config(argv=None) -> HarnessConfig:
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"--strategies / --gen-length / --block-length / --steps / --threshold / --factor / "
-                         f"--temperature / --rules: {e}") from None
+        flags = ("--strategies / --gen-length / --block-length / --steps / --threshold / --factor / --temperature / "
+                 "--rules")
+        raise ValueError(f"{'--' if str(e).startswith('strategies: unknown') else flags + ': '}{e}") from None
     if a.baseline not in STRATEGY_NAMES:
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
+    if a.out is not None and Path(a.out).exists() and not Path(a.out).is_dir():
+        raise ValueError(f"--out {a.out} is a file, not a results directory")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
@@ -193,7 +186,8 @@ def load_problems(cfg: HarnessConfig) -> list[Problem]:
     if cfg.data == "arith":
         n = DEFAULT_ARITH_N if cfg.limit is None else cfg.limit
         return generate_problems(arith_config_of(cfg.model), n, split="test", seed=cfg.seed)
-    problems = load_gsm8k("openai/gsm8k" if cfg.data == "gsm8k" else cfg.data, split="test")
+    with reading("--data", cfg.data):
+        problems = load_gsm8k("openai/gsm8k" if cfg.data == "gsm8k" else cfg.data, split="test")
     if not problems:
         raise ValueError(f"--data {cfg.data}: no problems")
     return problems if cfg.limit is None else problems[:cfg.limit]
@@ -207,12 +201,14 @@ def load_shots(cfg: HarnessConfig) -> list[Problem]:
     if cfg.data == "arith":
         return fewshot_examples(arith_config_of(cfg.model), k, seed=cfg.seed + 1)
     if cfg.data == "gsm8k":
-        pool = load_gsm8k("openai/gsm8k", split="train")
+        with reading("--data", cfg.data):
+            pool = load_gsm8k("openai/gsm8k", split="train")
     else:
         train = Path(cfg.data).with_name("train.jsonl")
         if not train.is_file():
             raise ValueError(f"--num-fewshot {k} needs {train} beside --data for the examples")
-        pool = load_gsm8k(train, split="train")
+        with reading("--num-fewshot", k):
+            pool = load_gsm8k(train, split="train")
     return sample_shots(pool, k, seed=cfg.seed)
 
 
@@ -224,14 +220,16 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
     main = bd3 = None
     dtype = dtype_of(cfg.dtype, device)
     if any(not is_bd3(s) for s in strategies):
-        model, tok = load_model(cfg.model, dtype=dtype, device=device)
+        with reading("--model", cfg.model):
+            model, tok = load_model(cfg.model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
         main = Loaded(model, tok, repo_relative(cfg.model), weights=weights_fingerprint(cfg.model))
     if any(is_bd3(s) for s in strategies):
         from bd3lm import BD3LM
 
-        wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
+        with reading("--bd3-model", cfg.bd3_model):
+            wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
         if tok is None:
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
         if cfg.bd3_context is not None:
@@ -334,7 +332,7 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
         return  # nothing new: keep the commit and command that wrote these strategies
     argv = [repo_relative(a) if os.path.isabs(a) else a for a in sys.argv[1:]]  # no checkout paths in results
     meta = {"git_sha": sha, "argv": argv, "baseline": cfg.baseline, "strategies": strategies}
-    atomic_write_text(path, json.dumps(meta, indent=2, default=str) + "\n")
+    atomic_write_text(path, stable_json(meta, indent=2, default=str) + "\n")
 
 
 def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> list[str]:
@@ -389,7 +387,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    run_main(main)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import textwrap
 import warnings
 from typing import Optional
 
@@ -46,9 +47,9 @@ from tqdm import tqdm
 from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-exported)
 from dlm.sampling import eos_ids
 from dlm.tasks.evaluate import left_pad, length_batches, padding_waste
-from experiments.cli import dtype_of
+from experiments.cli import add_list_flag, dtype_of, parser, reading, run_main
 from experiments.common import apply_stop_strings, decode_until_stop
-from experiments.strategy import BLOCK_MODELS, STRATEGY_NAMES, Strategy, resolve
+from experiments.strategy import BLOCK_MODELS, STRATEGY_NAMES, Strategy, listing, resolve
 
 
 def _positive(name: str, value) -> int:
@@ -260,7 +261,8 @@ class FastDLLMEvalLM(DiffusionEvalLM):
         from dlm.checkpoints import load_model
 
         dev, dt = _load(pretrained, dtype, device)
-        self.model, self.tokenizer = load_model(pretrained, dtype=dt, device=dev)
+        with reading("--model_args pretrained=", pretrained):
+            self.model, self.tokenizer = load_model(pretrained, dtype=dt, device=dev)
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.bd3 = None
@@ -291,7 +293,8 @@ class BD3LMEvalLM(DiffusionEvalLM):
         from bd3lm import BD3LM
 
         dev, dt = _load(pretrained, dtype, device)
-        wrapper, self.tokenizer = BD3LM.load(pretrained, dtype=dt, device=dev)
+        with reading("--model_args pretrained=", pretrained):
+            wrapper, self.tokenizer = BD3LM.load(pretrained, dtype=dt, device=dev)
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.model, self.bd3 = wrapper.model.eval(), wrapper.bd3_config
@@ -317,32 +320,43 @@ class BD3LMEvalLM(DiffusionEvalLM):
 
 
 def model_args_help() -> str:
-    """The ``--model_args`` of the two models with their defaults (read off the signatures)."""
+    """The ``--model_args`` of the two models with their defaults (read off the signatures), and
+    which tasks fit which checkpoints."""
     lines = ["model_args of this project (comma-separated key=value after --model_args):"]
     for name, cls in (("fastdllm", FastDLLMEvalLM), ("bd3lm", BD3LMEvalLM)):
         params = inspect.signature(cls.__init__).parameters.values()
         args = ", ".join(f"{p.name}={p.default!r}" for p in params if p.name not in ("self", "max_batch_size"))
-        lines.append(f"  --model {name}: {args}")
-    lines.append("device defaults to cuda when available, else cpu. The embedded checkpoints are tiny arithmetic "
-                 "models: expect ~0% on real GSM8K (use --tasks gsm8k_local with --include_path "
-                 "experiments/lm_eval_tasks for the embedded task).")
-    return "\n".join(lines)
+        lines += textwrap.wrap(f"--model {name}: {args}", 78, initial_indent="  ", subsequent_indent="      ")
+    notes = ["strategy=NAME: a name of experiments/strategy.py (every name: --list-strategies); device: cuda "
+             "when available, else cpu.",
+             "Tasks: the embedded checkpoints (results/checkpoints/) are tiny models of procedural tasks (the "
+             "GSM8K-format arithmetic 'arith' and its variants), which lm-eval does not have: score them with "
+             "python -m experiments.gsm8k (its default --data arith). --tasks gsm8k is real GSM8K from the Hub; "
+             "--tasks gsm8k_local --include_path experiments/lm_eval_tasks is real GSM8K read from "
+             "../shared/data/gsm8k/*.jsonl. Expect ~0% from the embedded models on either.",
+             "lm-eval's own options: python -m experiments.lm_eval_models run --help"]
+    wrapped = [line for note in notes for line in ["", *textwrap.wrap(note, 78, break_on_hyphens=False)]]
+    return "\n".join(lines + wrapped)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """lm-eval's CLI with ``fastdllm`` and ``bd3lm`` registered; ``--help`` starts with this
-    project's model args; ``--device`` defaults to what is available (lm-eval's own default is
+    """lm-eval's CLI with ``fastdllm`` and ``bd3lm`` registered. ``--help`` (without an lm-eval
+    command such as ``run``) is this project's short help; ``--list-strategies`` lists the
+    ``strategy=`` names; ``--device`` defaults to what is available (lm-eval's own default is
     cuda:0, which warns and falls back on a CPU-only machine)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not {"run", "ls", "validate"} & set(argv) and {"-h", "--help", "--list-strategies"} & set(argv):
+        p = parser("lm_eval_models", __doc__, paragraphs=(0, 1, 2), epilog=model_args_help())
+        p.usage = "%(prog)s --model fastdllm|bd3lm --model_args K=V,... --tasks TASK [lm-eval options]"
+        add_list_flag(p, "--list-strategies", listing, "print every strategy= name and exit")
+        p.parse_known_args(argv)  # prints and exits
     from lm_eval.__main__ import cli_evaluate
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + "\n" + model_args_help() + "\n\nlm-eval's own options follow.\n")
-    elif "--device" not in argv:
+    if "--device" not in argv:
         argv += ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
     sys.argv = [sys.argv[0], *argv]
     cli_evaluate()
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -59,6 +59,7 @@ import torch
 
 from bd3lm.schedules import check_grid
 from dlm import distributed
+from experiments.cli import parser, run_main
 from experiments.common import REPO
 from experiments.perplexity_config import (CUTS, DEFAULT_MODELS, PRESETS, RunConfig, model_block, name_source,
                                            name_tokenizer)
@@ -70,39 +71,44 @@ COMMANDS = ("all", "train", "eval", "report")
 
 
 # ----------------------------------------------------------------------------------- command line
+#: preset fields a flag overrides (one value each; default: the preset's), by section
+OVERRIDES = {"model": [("--seq-len", int), ("--d-model", int), ("--n-layers", int), ("--n-heads", int),
+                       ("--mlp-hidden", int)],
+             "training": [("--steps", int), ("--batch-size", int), ("--micro-batch-size", int), ("--lr", float),
+                          ("--warmup", int), ("--ema", float), ("--precision", str), ("--seed", int),
+                          ("--search-every", int), ("--finetune-steps", int), ("--max-train-lines", int),
+                          ("--val-chunks", int)],
+             "evaluation": [("--eval-chunks", int), ("--eval-batch-size", int), ("--eval-passes", int),
+                            ("--eval-seed", int), ("--mc-chunks", int), ("--mc-num", int), ("--var-chunks", int),
+                            ("--var-finetune-steps", int), ("--max-test-lines", int)]}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m experiments.perplexity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs="?", default="all", help=f"one of {COMMANDS} (default all)")
-    p.add_argument("--preset", default="laptop", help=f"one of {sorted(PRESETS)} (default laptop)")
-    p.add_argument("--run", default=None, help="run name for files (default: the preset name)")
-    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="ar, bd<k> (k < L), mdlm")
-    p.add_argument("--var-models", nargs="*", default=None,
-                   help="models of the variance table, run by the process training them (default: bd4 bd16)")
-    p.add_argument("--finetune-from-mdlm", action="store_true", help="paper recipe (see above)")
-    p.add_argument("--seeds", nargs="+", type=int, default=None,
-                   help="training seeds, each its own run <run>-s<seed>, plus the across-seed report <run> "
-                        "(default: the preset's, char: 0 1 2; --seed N: one seed, no suffix)")
-    add = p.add_argument
-    for flag, typ, hlp in [
-        ("--train", str, "training text file or HF dataset"), ("--test", str, "test text file or HF dataset"),
-        ("--tokenizer", str, "tokenizer dir or hub name"), ("--seq-len", int, "L"),
-        ("--max-train-lines", int, "first N training lines"), ("--max-test-lines", int, "first N test lines"),
-        ("--val-chunks", int, "training chunks held out for the clipping search"),
-        ("--d-model", int, ""), ("--n-layers", int, ""), ("--n-heads", int, ""), ("--mlp-hidden", int, ""),
-        ("--steps", int, "optimizer steps per model"), ("--batch-size", int, "rows per step"),
-        ("--micro-batch-size", int, ""), ("--lr", float, "peak learning rate"), ("--warmup", int, "warm-up steps"),
-        ("--ema", float, "EMA decay (0 = off)"), ("--precision", str, "fp32 | bf16"), ("--seed", int, ""),
-        ("--search-every", int, "steps between clipping searches (0 = train unclipped)"),
-        ("--finetune-steps", int, "steps after the MDLM init (--finetune-from-mdlm)"),
-        ("--var-finetune-steps", int, "fine-tune per Table 2 schedule (0 = evaluate the trained model)"),
-        ("--eval-chunks", int, "first N test chunks for perplexity"), ("--eval-batch-size", int, ""),
-        ("--mc-chunks", int, "test chunks for the MC ELBO"), ("--mc-num", int, "MC samples per chunk"),
-        ("--var-chunks", int, "test chunks for Var(NELBO)"), ("--eval-seed", int, ""),
-        ("--eval-passes", int, "passes over the test set averaged for the NELBO (fresh noise each)"),
-        ("--out", str, "results dir (default results/)"), ("--work", str, "trainer state dir"),
-        ("--device", str, "default cuda if available else cpu"), ("--threads", int, "torch CPU threads")]:
-        add(flag, type=typ, default=None, help=hlp)
+    p = parser("perplexity", __doc__, paragraphs=2)
+    p.add_argument("command", nargs="?", default="all", help=f"one of {', '.join(COMMANDS)} (default all)")
+    p.add_argument("--preset", default="laptop", help=f"one of {', '.join(sorted(PRESETS))} (default laptop)")
+    p.add_argument("--run", default=None, metavar="NAME", help="run name for files (default: the preset name)")
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="M", help="ar, bd<k> (k < L), mdlm")
+    p.add_argument("--var-models", nargs="*", default=None, metavar="M",
+                   help="models of the variance table (default bd4 bd16)")
+    p.add_argument("--finetune-from-mdlm", action="store_true", help="the paper's recipe (see the docstring)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None, metavar="S",
+                   help="training seeds, each its own run <run>-s<seed>")
+    for flag, hlp in (("--train", "training data: <dataset>:<split>, a text file or a HF dataset"),
+                      ("--test", "test data (the same)"), ("--tokenizer", "tokenizer dir or hub name"),
+                      ("--out", "results dir (default results/)"),
+                      ("--work", "trainer state dir (default runs/perplexity-<run>)"),
+                      ("--device", "default cuda if available, else cpu")):
+        p.add_argument(flag, default=None, help=hlp)
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    lines = [line for section, flags in OVERRIDES.items()
+             for line in textwrap.wrap(f"{section}: " + " ".join(flag for flag, _ in flags), 74,
+                                       subsequent_indent="    ", break_on_hyphens=False)]
+    group = p.add_argument_group("preset overrides", "one value each (default: the preset's; --precision "
+                                 "fp32|bf16,\n--search-every 0: unclipped)\n" + "\n".join(lines))
+    for flags in OVERRIDES.values():
+        for flag, typ in flags:
+            group.add_argument(flag, type=typ, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -250,7 +256,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    run_main(main)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from bd3lm.schedules import DEFAULT_GRID
-from experiments.common import REPO
+from dlm.io import data_root  # noqa: F401  (re-exported: the data mirror)
 
 DEFAULT_MODELS = ("ar", "bd4", "bd8", "bd16", "mdlm")
 #: Table 2 rows: (label, beta, omega); the searched clipping is appended per model.
@@ -51,11 +51,6 @@ DATASETS = {
 #: splits derived in code from one file: ``<dataset>:<split>`` -> (lo, hi) fractions of the file's
 #: characters (bd3lm.data.char_span); recorded in DataConfig.spans, so part of the config hash
 CUTS = {"tinyshakespeare:train": (0.0, 0.9), "tinyshakespeare:test": (0.9, 1.0)}
-
-
-def data_root() -> Path:
-    """The data mirror: ``$DLM_SHARED_DATA``, else ``shared/data`` beside the checkout."""
-    return Path(os.environ.get("DLM_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
 def fingerprint(path: Path) -> str:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import Optional
 
+from dlm.io import round_floats, stable_json
 from experiments.common import read_jsonl, write_if_changed
 
 #: BD3-LM Table 3 (LM1B, L=128) and the OWT table (L=1024): test perplexity per model.
@@ -180,7 +180,7 @@ def render_md(cfg: dict, t3: list[dict], t2: list[dict], mc: Optional[dict], sha
                   "estimator under the row's schedule (biased unless U[0,1])."]
     lines += ["", "## Bars", "", "| bar | measured | met |", "|---|---|---|"]
     lines += [f"| {b} | {m} | {'yes' if ok else 'NO'} |" for b, m, ok in bars(t3, t2, style)]
-    lines += ["", "## Config", "", "```json", json.dumps(ident, indent=2), "```", ""]
+    lines += ["", "## Config", "", "```json", stable_json(ident, indent=2), "```", ""]
     return "\n".join(lines)
 
 
@@ -189,7 +189,7 @@ def render_csv(rows: list[dict]) -> str:
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: r.get(k) for k in CSV_FIELDS})
+        w.writerow(round_floats({k: r.get(k) for k in CSV_FIELDS}))
     return buf.getvalue()
 
 
@@ -225,7 +225,7 @@ def plot(t3: list[dict], paper: dict, paper_len: int, path: Path, meta: dict) ->
              f"{meta['seed']}/{meta['eval_seed']}", fontsize=6, color="gray")
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, metadata={"Description": json.dumps(meta)})
+    fig.savefig(buf, format="png", dpi=120, metadata={"Description": stable_json(meta)})
     plt.close(fig)
     write_if_changed(path, buf.getvalue())
 

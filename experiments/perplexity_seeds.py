@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from dlm.io import round_floats
 from experiments.common import write_if_changed
 from experiments.perplexity_report import GAP_SCALES, gap_share, load_run, paper_gap_shares, table2, table3
 
@@ -257,16 +258,16 @@ def render_csv(summ: dict) -> str:
     w.writerow(["table", "model", "block_size", "seeds", "mean", "std", "values"])
     for m in summ["models"]:
         for key in ("ppl", "nelbo"):
-            w.writerow([key, m["model"], m["block_size"], len(m["seeds"]), *mean_std(m[key]),
+            w.writerow([key, m["model"], m["block_size"], len(m["seeds"]), *round_floats(mean_std(m[key])),
                         " ".join(f"{x:.6g}" for x in m[key])])
     for name, per in sorted(summ["clip"].items()):
         ratios = [v["ratio"] for _, v in sorted(per.items())]
-        w.writerow(["var_ratio", name, int(name[2:]), len(ratios), *mean_std(ratios),
+        w.writerow(["var_ratio", name, int(name[2:]), len(ratios), *round_floats(mean_std(ratios)),
                     " ".join(f"{x:.6g}" for x in ratios)])
     for scale, g in (summ["gap"] or {}).items():  # per seed; the of-means share is in the md
         per = [x for _, x in sorted(g["per_seed"].items()) if x is not None]
         if per:
-            w.writerow([f"gap_share_{scale}", "bd4", 4, len(per), *mean_std(per), " ".join(f"{x:.6g}" for x in per)])
+            w.writerow([f"gap_share_{scale}", "bd4", 4, len(per), *round_floats(mean_std(per)), " ".join(f"{x:.6g}" for x in per)])
     return buf.getvalue()
 
 

@@ -23,7 +23,6 @@ Every file records the git SHA(s) and config hashes of the runs and the report's
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -35,6 +34,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from dlm.io import round_floats, stable_json
+from experiments.cli import parser, run_main
 from experiments.common import atomic_write_text, read_jsonl
 from dlm.tasks.evaluate import mcnemar_exact
 from experiments.frontier import _fmt, frontier, render_frontier
@@ -158,17 +159,17 @@ def paired_test(base: Sequence[dict], other: Sequence[dict]) -> tuple[float, str
 
 
 def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0) -> list[Row]:
-    """One row per strategy, speed-up and paired McNemar test relative to :func:`speedup_reference`."""
+    """One row per strategy, speed-up and paired McNemar test relative to :func:`speedup_reference`;
+    every float rounded (:func:`dlm.io.round_floats`), so the tables and the ablation fit built from
+    the rows do not see the last bits in which machines' sums differ."""
     rows = [summarize(name, recs, n_resamples, seed) for name, recs in runs.items()]
     base, _ = speedup_reference(rows, baseline)
-    if base is None:
-        return rows
     out = []
     for r in rows:
-        p, bc = paired_test(runs[base.strategy], runs[r.strategy])
-        out.append(Row(**{**asdict(r), "speedup": r.tokens_per_second / base.tokens_per_second,
-                          "flop_ideal": base.flops_per_token / r.flops_per_token,
-                          "mcnemar_p": p, "discordant": bc}))
+        p, bc = paired_test(runs[base.strategy], runs[r.strategy]) if base else (r.mcnemar_p, r.discordant)
+        extra = dict(speedup=r.tokens_per_second / base.tokens_per_second,
+                     flop_ideal=base.flops_per_token / r.flops_per_token, mcnemar_p=p, discordant=bc) if base else {}
+        out.append(Row(**round_floats({**asdict(r), **extra})))
     return out
 
 
@@ -226,8 +227,10 @@ def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect],
     gamma, *_ = np.linalg.lstsq(X, acc, rcond=None)
     resid = y - X @ beta
     ss = float(((y - y.mean()) ** 2).sum())
-    info["r2"] = 1 - float((resid ** 2).sum()) / ss if ss > 0 else 1.0
-    effects = [Effect(f, lv, ref, float(b), float(math.exp(b)), float(g), n)
+    # rounded at the source (dlm.io.round_floats): lstsq's last bits differ between CPUs / BLAS
+    # builds, and the tables print these numbers
+    info["r2"] = round_floats(1 - float((resid ** 2).sum()) / ss if ss > 0 else 1.0)
+    effects = [Effect(f, lv, ref, *round_floats([float(b), math.exp(b), float(g)]), n)
                for (f, lv, ref, n), b, g in zip(labels, beta[1:], gamma[1:])]
     return effects, info
 
@@ -348,7 +351,7 @@ def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int 
     abl_md, abl_csv = render_ablation(effects, info, meta)
     atomic_write_text(out / "table.md", md)
     atomic_write_text(out / "table.csv", csv_text)
-    atomic_write_text(out / "table.json", json.dumps({"meta": meta, "rows": [asdict(r) for r in rows],
+    atomic_write_text(out / "table.json", stable_json({"meta": meta, "rows": [asdict(r) for r in rows],
                                                       "ablation": [asdict(e) for e in effects],
                                                       "ablation_fit": info}, indent=2) + "\n")
     atomic_write_text(out / "ablation.md", abl_md)
@@ -359,8 +362,7 @@ def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("report", __doc__)
     p.add_argument("--out", required=True, help="results directory of python -m experiments.gsm8k")
     p.add_argument("--baseline", default="baseline_semiar",
                    help="row the speed-up is relative to (default baseline_semiar; when absent, the first row, "
@@ -373,4 +375,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from dlm.io import stable_json
+from experiments.cli import parser, run_main
 from experiments.common import REPO, git_sha, read_jsonl
 from experiments.common import write_if_changed
 from experiments.reproduce_plan import Job, plan
@@ -277,7 +279,7 @@ def record_run(out: Path, work: Path, jobs: list[Job], res: dict[str, Outcome], 
         return False
     merged = {**recorded, **jobs_now}
     order = [j.name for j in jobs if j.name in merged] + [n for n in merged if n not in {j.name for j in jobs}]
-    return write_if_changed(path, json.dumps({**run, "jobs": {n: merged[n] for n in order}}, indent=1) + "\n")
+    return write_if_changed(path, stable_json({**run, "jobs": {n: merged[n] for n in order}}, indent=1) + "\n")
 
 
 def rerun_command(a, parser: argparse.ArgumentParser, names: list[str]) -> str:
@@ -291,14 +293,34 @@ def rerun_command(a, parser: argparse.ArgumentParser, names: list[str]) -> str:
     return shlex.join([*cmd, "--only", *names])
 
 
+def compact(names: list[str]) -> str:
+    """Job names (each ``word_rest``) grouped by their first word: ``drift_{dual,prefix} trace_bd3lm_g64``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.partition("_")[0], []).append(name)
+    return " ".join(g[0] if len(g) == 1 else f"{h}_{{{','.join(n[len(h) + 1:] for n in g)}}}"
+                    for h, g in groups.items())
+
+
+def listing(jobs: list[Job]) -> str:
+    """``--list``: the jobs of a plain run (plan order), then the training jobs (``--full`` only)."""
+    line = lambda j: f"{j.name:28s} {j.cost_min:5.1f} min  {shlex.join(j.command()[1:])}"  # noqa: E731
+    plain, training = [j for j in jobs if not j.training], [j for j in jobs if j.training]
+    return "\n".join([f"# the jobs of a plain run ({len(plain)}; min: one core, from scratch: the committed results "
+                      "make most of them quick)", *map(line, plain), "", f"# training jobs ({len(training)}): run ONLY "
+                      "with --full (each before the jobs that use its model) or --only NAME", *map(line, training)])
+
+
 def summary(res: dict[str, Outcome], wall: float, logs: Path, rerun: Optional[str]) -> str:
-    """The last lines: counts, the failed and blocked jobs by name, their logs, the rerun command."""
+    """The last lines: counts, the failed / blocked / skipped (:func:`compact`) jobs, logs, rerun command."""
     parts = []
     for status in ("ran", "skipped", "failed", "blocked"):
         names = [n for n, o in res.items() if o.status == status]
         parts.append(f"{status} {len(names)}" + (f" ({', '.join(names)})" if names and status in ("failed", "blocked")
                                                   else ""))
     lines = [f"[reproduce] {len(res)} jobs in {wall / 60:.1f} min: " + ", ".join(parts)]
+    if skipped := [n for n, o in res.items() if o.status == "skipped"]:
+        lines.append(f"[reproduce] skipped (artefacts exist; --force reruns them): {compact(skipped)}")
     failed = [n for n, o in res.items() if o.status == "failed"]
     if failed:
         lines.append("[reproduce] logs: " + " ".join(str(logs / f"{n}.log") for n in failed))
@@ -311,6 +333,8 @@ def summary(res: dict[str, Outcome], wall: float, logs: Path, rerun: Optional[st
 def check_args(a, out: Path, names: list[str]) -> None:
     if a.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {a.jobs}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a results directory")
     in_place = out.resolve() == RESULTS.resolve()
     if a.limit is not None and (a.limit < 1 or in_place):
         raise ValueError(f"--limit {a.limit}: needs N >= 1 and an --out other than results/ "
@@ -324,24 +348,24 @@ def check_args(a, out: Path, names: list[str]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(RESULTS), help="results directory (default results/)")
-    p.add_argument("--work", default=str(REPO / "runs" / "reproduce"), help="logs and trainer state")
-    p.add_argument("--jobs", type=int, default=1, help="jobs run at once (default 1; 2 on a 2-core box)")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of every per-sample job")
-    p.add_argument("--full", action="store_true", help="retrain the embedded models first")
-    p.add_argument("--only", nargs="+", default=None, help="these jobs (and nothing else)")
+    p = parser("reproduce", __doc__, paragraphs=2)
+    p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="results directory (default results/)")
+    p.add_argument("--work", default=str(REPO / "runs" / "reproduce"), metavar="DIR",
+                   help="logs and trainer state (default runs/reproduce)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="jobs run at once (default 1; 2 on 2 cores)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="first N problems of every per-sample job")
+    p.add_argument("--full", action="store_true", help="retrain the embedded models first (training jobs)")
+    p.add_argument("--only", nargs="+", default=None, metavar="JOB", help="these jobs and nothing else")
     p.add_argument("--force", action="store_true", help="rerun jobs whose artefacts exist")
-    p.add_argument("--verify", default=None, help="compare samples with this results dir "
-                   "(default: results/ when --out is elsewhere)")
-    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    p.add_argument("--verify", default=None, metavar="DIR",
+                   help="compare samples with this results dir (default: results/ when --out is elsewhere)")
+    p.add_argument("--list", action="store_true", help="print the plan (training jobs last) and exit")
     a = p.parse_args(argv)
     out, work = Path(a.out), Path(a.work)
     jobs = plan(rel(out), rel(work), a.limit, a.full)
     check_args(a, out, [j.name for j in jobs])
     if a.list:
-        for j in jobs:
-            print(f"{j.name:28s} {j.cost_min:5.1f} min  {shlex.join(j.command()[1:])}")
+        print(listing(jobs))
         return 0
     selected = [j for j in jobs if j.name in a.only] if a.only else [j for j in jobs if a.full or not j.training]
     in_place = out.resolve() == RESULTS.resolve()
@@ -371,7 +395,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    run_main(main)

@@ -377,4 +377,8 @@ def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False) -
                         "denoising order: step that committed each position (heatmap + text replay)",
                         (f"trace/{name}.png", f"trace/{name}.txt"),
                         after=after_bd3 if model == bd3 else after_llada))
+    jobs.append(Job("headline", "experiments.headline", ("--results", out),
+                    "the README's headline table and docs/results.md (outside results/; headline.md and results.md "
+                    "in another --out), from the per-sample files", () if out == "results" else ("headline.md", "results.md"),
+                    always=True, after=tuple(j.name for j in jobs if not j.training), cost_min=0.2))
     return jobs

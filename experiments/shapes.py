@@ -9,7 +9,6 @@ speed-ups of fixed-step strategies do not depend on them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -30,12 +29,12 @@ FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hid
 
 def real_shape(name: str) -> dict:
     """ModelConfig fields of a :data:`REAL` model, from its ``config.json`` in the data mirror."""
+    from dlm.io import data_root
     from dlm.layouts import config_from_json
 
     if name not in REAL:
         raise ValueError(f"shape must be one of {sorted(REAL)}, got {name!r}")
-    root = Path(os.environ.get("DLM_SHARED_DATA") or REPO.parent / "shared" / "data")
-    path = root / "models" / REAL[name] / "config.json"
+    path = data_root() / "models" / REAL[name] / "config.json"
     if not path.is_file():
         raise ValueError(f"shape {name}: {path} does not exist (the data mirror's models/{REAL[name]}/config.json)")
     cfg = config_from_json(json.loads(path.read_text()))

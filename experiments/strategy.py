@@ -34,6 +34,7 @@ cache's threshold, factor, block length and tolerance swept).
 from __future__ import annotations
 
 import itertools
+import textwrap
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 
@@ -340,6 +341,16 @@ GRIDS = {"table1": table1, "factorial": factorial, "caches": caches, "sweep": sw
 STRATEGY_NAMES = tuple(s.name for grid in GRIDS.values() for s in grid())
 
 
+def listing(width: int = 78) -> str:
+    """Every grid with its strategy names, for the entry points' ``--list-strategies``."""
+    lines = ["grids of experiments/strategy.py and their strategy names:"]
+    for grid, make in GRIDS.items():
+        names = [s.name for s in make()]
+        lines += [f"{grid} ({len(names)}):", *textwrap.wrap(" ".join(names), width, initial_indent="  ",
+                                                            subsequent_indent="  ")]
+    return "\n".join(lines)
+
+
 def resolve(names: Sequence[str], **numbers) -> list[Strategy]:
     """Strategy or grid names -> strategies built from ``numbers`` (grid order, duplicates dropped)."""
     if isinstance(names, str) or not names:
@@ -352,8 +363,8 @@ def resolve(names: Sequence[str], **numbers) -> list[Strategy]:
         elif name in every:
             out[name] = every[name]
         else:
-            raise ValueError(f"strategies: unknown name {name!r}; grids: {sorted(GRIDS)}; "
-                             f"strategies: {sorted(every)}")
+            raise ValueError(f"strategies: unknown name {name!r}; grids: {sorted(GRIDS)} (every name: "
+                             "python -m experiments.gsm8k --list-strategies)")
     return list(out.values())
 
 

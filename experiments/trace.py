@@ -26,43 +26,105 @@ import torch
 
 from dlm.trace import replay_lines, step_states, token_labels
 from experiments.common import atomic_write_text
+from experiments.cli import run_main
 from experiments.generate import encode, parser, setup
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def plot_trace(commit_step: np.ndarray, labels: list[str], block_length: int, prompt_len: int,
-               title: str, path: Path) -> None:
-    """Heatmap of a (G,) commit_step with one label per answer token."""
+MAX_COLUMNS = 32  # answer positions per row of the picture: 32 x 0.36 in at 100 dpi keeps it under 1400 px
+DPI, CELL_W, TOKEN_FONT = 100, 0.36, 8  # dots per inch, inches per column, points
+
+
+def glyph(label: str) -> str:
+    """A token label short enough for one cell: ``<|eos|>`` -> ``eos``, blanks -> ``␣``, longer
+    pieces cut to 4 characters (``…`` marks the cut)."""
+    text = label[2:-2] if label.startswith("<|") and label.endswith("|>") else label
+    text = text.strip() or "␣"
+    return text if len(text) <= 4 else text[:3] + "…"
+
+
+def trace_rows(commit_step: np.ndarray, max_columns: int = MAX_COLUMNS) -> list[tuple[int, int, int, int]]:
+    """(first column, end column, first step, last step) of each row of the picture: the answer
+    wrapped into rows of at most ``max_columns`` positions, each showing the steps in which its own
+    positions were committed (earlier steps are blank there, later ones full)."""
+    G = commit_step.size
+    out = []
+    for a in range(0, max(G, 1), max_columns):
+        b = min(a + max_columns, G)
+        done = commit_step[a:b][commit_step[a:b] >= 0]
+        out.append((a, b, int(done.min()) if done.size else 0, int(done.max()) if done.size else 0))
+    return out
+
+
+def draw_trace(commit_step: np.ndarray, labels: list[str], block_length: int, prompt_len: int, title: str,
+               max_columns: int = MAX_COLUMNS):
+    """The trace as rows of at most ``max_columns`` positions (one steps x positions heatmap per
+    row, one shared colour scale): returns (figure, the rows' axes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     G = commit_step.size
     S = int(commit_step.max()) + 1 if G else 1
-    steps = np.arange(S)[:, None]
-    grid = np.where((commit_step[None] >= 0) & (commit_step[None] <= steps),
-                    commit_step[None].astype(float), np.nan)  # (S, G)
-    fig, ax = plt.subplots(figsize=(min(4 + 0.28 * G, 40), min(2.5 + 0.2 * S, 30)))
-    im = ax.imshow(grid, aspect="auto", origin="upper", cmap="viridis", interpolation="nearest",
-                   extent=(prompt_len - 0.5, prompt_len + G - 0.5, S - 0.5, -0.5))
-    font = max(4, min(9, int(400 / max(G, 1))))
-    for j in np.nonzero(commit_step >= 0)[0]:
-        ax.text(prompt_len + j, commit_step[j], labels[j], ha="center", va="center", rotation=90,
-                fontsize=font, color="white" if commit_step[j] < 0.6 * S else "black")
-    for b in range(block_length, G, block_length):
-        ax.axvline(prompt_len + b - 0.5, color="red", ls="--", lw=0.8)
-    ax.set(xlabel="position (column)", ylabel="denoising step", title=title)
-    fig.colorbar(im, ax=ax, label="commit step", fraction=0.03)
-    fig.tight_layout()
+    rows = trace_rows(commit_step, max_columns)
+    width = min(G, max_columns) if G else 1
+    heights = [hi - lo + 1 for _, _, lo, hi in rows]
+    step_h = min(0.22, max(0.07, 4.5 / sum(heights)))  # inches per step: 7 px when there are many
+    left, right, top, gap, bottom = 0.75, 1.2, 0.5, 0.45, 0.6  # inches; gap: x ticks between rows
+    fig_w = max(6.0, left + width * CELL_W + right)
+    fig_h = top + sum(h * step_h for h in heights) + gap * (len(rows) - 1) + bottom
+    fig = plt.figure(figsize=(fig_w, fig_h), dpi=DPI)
+    fig.text(0.5, 1 - 0.25 / fig_h, title, ha="center", va="center", fontsize=11)
+    cmap = matplotlib.colormaps["viridis"]
+    axes, y = [], fig_h - top
+    for (a, b, lo, hi), h in zip(rows, heights):
+        y -= h * step_h
+        ax = fig.add_axes((left / fig_w, y / fig_h, (b - a) * CELL_W / fig_w, h * step_h / fig_h))
+        y -= gap
+        cs = commit_step[a:b]
+        steps = np.arange(lo, hi + 1)[:, None]
+        grid = np.where((cs[None] >= 0) & (cs[None] <= steps), cs[None].astype(float), np.nan)  # (h, b - a)
+        im = ax.imshow(grid, aspect="auto", origin="upper", cmap=cmap, vmin=0, vmax=max(S - 1, 1),
+                       interpolation="nearest", extent=(prompt_len + a - 0.5, prompt_len + b - 0.5, hi + 0.5, lo - 0.5))
+        for j in np.nonzero(cs >= 0)[0]:
+            r, g, bl, _ = cmap(cs[j] / max(S - 1, 1))
+            at, va = ((lo - 0.5, "top") if cs[j] == lo and h > 1 else (hi + 0.5, "bottom") if cs[j] == hi and h > 1
+                      else (cs[j], "center"))  # an edge row's glyph stays inside the axes
+            ax.text(prompt_len + a + j, at, glyph(labels[a + j]), ha="center", va=va, fontsize=TOKEN_FONT,
+                    parse_math=False, color="white" if 0.299 * r + 0.587 * g + 0.114 * bl < 0.55 else "black")
+        for edge in range((a // block_length + 1) * block_length, b, block_length):
+            ax.axvline(prompt_len + edge - 0.5, color="red", ls="--", lw=1.0)
+        ax.set_xticks([prompt_len + j for j in range(a, b) if j % 4 == 0 or j == b - 1])
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=max(2, min(6, h)), integer=True))
+        ax.tick_params(labelsize=8)
+        ax.set_ylabel("step", fontsize=9)
+        axes.append(ax)
+    axes[-1].set_xlabel("position (column); red dashes: block boundaries", fontsize=9)
+    low = axes[-1].get_position().y0  # the colour bar spans the rows
+    cax = fig.add_axes(((left + width * CELL_W + 0.25) / fig_w, low, 0.18 / fig_w, 1 - top / fig_h - low))
+    fig.colorbar(im, cax=cax).set_label("commit step", fontsize=9)
+    return fig, axes
+
+
+def plot_trace(commit_step: np.ndarray, labels: list[str], block_length: int, prompt_len: int,
+               title: str, path: Path, max_columns: int = MAX_COLUMNS) -> None:
+    """Write :func:`draw_trace`'s picture of a (G,) commit_step with one label per answer token:
+    cell (step s, position j) coloured by j's commit step once ``s >= commit_step[j]``, blank while
+    j is [MASK], the token written in the cell of its commit step; at most ``max_columns``
+    positions per row, so it reads at 100% (fixed dpi: about 1350 px wide at 32 columns)."""
+    import matplotlib.pyplot as plt
+
+    fig, _ = draw_trace(commit_step, labels, block_length, prompt_len, title, max_columns)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
 def main(argv=None) -> dict:
-    p = parser(__doc__)
+    p = parser("trace", __doc__)
     p.add_argument("--out", default=None, help="PNG path (default results/trace_<label>.png)")
     p.add_argument("--replay", action="store_true", help="print the answer after every step")
     p.add_argument("--replay-out", default=None, help="also write the replay (one line per step) to this file")
@@ -95,4 +157,4 @@ def main(argv=None) -> dict:
     return {"path": path, "output": out, "prompt_len": P}
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,7 +17,6 @@ masked diffusion model, every logit keeping its meaning. Resumable as :mod:`expe
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -31,7 +30,7 @@ from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.pairs import PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import set_threads
+from experiments.cli import at_least, parser, reading, run_main, set_threads
 from experiments.train_llada import build_model
 
 TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal}
@@ -51,23 +50,24 @@ def task_tokenizer(task: str):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("train_anyorder", __doc__, paragraphs=2)
+    count = at_least(1)
     p.add_argument("--task", required=True, choices=sorted(TASKS))
     p.add_argument("--objective", required=True, choices=["ar", "diffusion"])
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--max-tail", type=int, default=16,
-                   help="EOS tail drawn per batch from 0..N extra columns (0: one row length)")
-    p.add_argument("--init", default=None, help="start from this checkpoint's weights (an AR run: Dream's recipe)")
-    p.add_argument("--save-every", type=int, default=250)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", required=True, metavar="DIR", help="run dir (resumable)")
+    p.add_argument("--steps", type=count, default=1500, metavar="N", help="optimizer steps (default 1500)")
+    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--warmup", type=int, default=50, metavar="N", help="warm-up steps (default 50)")
+    p.add_argument("--d-model", type=count, default=128, metavar="D", help="width (default 128)")
+    p.add_argument("--n-layers", type=count, default=4, metavar="N", help="layers (default 4)")
+    p.add_argument("--n-heads", type=count, default=4, metavar="N", help="heads (default 4)")
+    p.add_argument("--max-tail", type=int, default=16, metavar="N",
+                   help="EOS tail of 0..N extra columns per batch (default 16)")
+    p.add_argument("--init", default=None, metavar="DIR", help="start from this checkpoint (AR: Dream's recipe)")
+    p.add_argument("--save-every", type=int, default=250, metavar="N", help="steps between checkpoints (default 250)")
+    p.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     args = p.parse_args(argv)
     set_threads(args.threads)
     cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -78,7 +78,8 @@ def main(argv=None) -> None:
     check_resume(cfg, recipe)
     tok = task_tokenizer(args.task)
     if args.init:
-        model, init_tok = load_model(args.init, dtype=torch.float32)
+        with reading("--init", args.init):
+            model, init_tok = load_model(args.init, dtype=torch.float32)
         if init_tok.get_vocab() != tok.get_vocab():
             raise ValueError(f"--init {args.init}: its tokenizer is not the {args.task} task's")
     else:
@@ -93,4 +94,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

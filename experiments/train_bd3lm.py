@@ -1,10 +1,10 @@
 """Embedded BD3-LM models on the testbed task: fine-tune a bidirectional checkpoint to block size L'.
 
     # stage 1: the phase-1 LLaDA-style snapshot made block-causal at L'=16, zero-shot prompts
-    OMP_NUM_THREADS=1 python -m experiments.train_bd3lm --init runs/llada-p1/model --block-size 16 \
+    OMP_NUM_THREADS=1 python -m experiments.train_bd3lm --init runs/llada-p1/model --block-size 16 \\
         --fewshot-prob 0 --out runs/bd3lm-arith-16-s1
     # stage 2, per block size: small batches, 1-8 worked examples in 60% of them
-    OMP_NUM_THREADS=1 python -m experiments.train_bd3lm --init runs/bd3lm-arith-16-s1/model --block-size 8 \
+    OMP_NUM_THREADS=1 python -m experiments.train_bd3lm --init runs/bd3lm-arith-16-s1/model --block-size 8 \\
         --batch-size 16 --steps 1200 --warmup 30 --fewshot-prob 0.6 --eval-every 300 --out runs/bd3lm-arith-8
 
 BD3-LM's recipe (Arriola et al. 2025, sec. 6: fine-tune from an MDLM checkpoint): the
@@ -26,7 +26,6 @@ anyway and records the change in ``config.json`` (``extra.recipe_changes``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -40,7 +39,7 @@ from dlm.checkpoints import load_model
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import set_threads
+from experiments.cli import at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
 from experiments.common import arith_config_of
@@ -51,27 +50,29 @@ RESUMABLE_FLAGS = ("out", "eval_every", "force_recipe")
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init", default=str(DEFAULT_INIT), help="bidirectional checkpoint to start from")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--out", default=None, help="default runs/bd3lm-arith-<L'>")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--response-length", type=int, default=64, help="multiple of --block-size")
-    p.add_argument("--fewshot-prob", type=float, default=0.25, help="share of batches with 1..--max-shots "
-                   "worked examples before the question (one k per batch)")
-    p.add_argument("--max-shots", type=int, default=8)
-    p.add_argument("--beta", type=float, default=0.0)
-    p.add_argument("--omega", type=float, default=1.0)
-    p.add_argument("--ema", type=float, default=0.99)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
+    p = parser("train_bd3lm", __doc__)
+    count = at_least(1)
+    p.add_argument("--init", default=str(DEFAULT_INIT), metavar="DIR",
+                   help="bidirectional checkpoint to start from (default llada-arith)")
+    p.add_argument("--block-size", type=count, default=16, metavar="L'", help="block size (default 16)")
+    p.add_argument("--out", default=None, metavar="DIR", help="run dir (default runs/bd3lm-arith-<L'>)")
+    p.add_argument("--steps", type=count, default=300, metavar="N", help="optimizer steps (default 300)")
+    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
+    p.add_argument("--warmup", type=int, default=20, metavar="N", help="warm-up steps (default 20)")
+    p.add_argument("--response-length", type=count, default=64, metavar="N",
+                   help="answer columns, a multiple of L' (default 64)")
+    p.add_argument("--fewshot-prob", type=float, default=0.25, metavar="P",
+                   help="share of batches with 1..--max-shots examples")
+    p.add_argument("--max-shots", type=int, default=8, metavar="K", help="most worked examples (default 8)")
+    p.add_argument("--beta", type=float, default=0.0, help="clipped schedule's lower end (default 0)")
+    p.add_argument("--omega", type=float, default=1.0, help="clipped schedule's upper end (default 1)")
+    p.add_argument("--ema", type=float, default=0.99, metavar="X", help="EMA decay (default 0.99)")
+    p.add_argument("--eval-every", type=int, default=100, metavar="N", help="steps between evaluations (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
     # bf16 autocast is ~10x slower than fp32 on CPUs without AVX512-BF16/AMX; use it on GPUs
-    p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"])
-    p.add_argument("--force-recipe", action="store_true",
-                   help="resume even though recipe flags differ from the checkpoint's (recorded in config.json)")
+    p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"], help="fp32 (default) or bf16 (GPUs)")
+    p.add_argument("--force-recipe", action="store_true", help="resume though recipe flags changed (recorded)")
     args = p.parse_args(argv)
     set_threads(None)
     if args.response_length % args.block_size:
@@ -84,7 +85,8 @@ def main(argv=None) -> None:
     recipe = flag_recipe({**vars(args), "init": os.path.normpath(args.init)}, RESUMABLE_FLAGS)
     recipe_changes = check_resume(cfg, recipe, force_recipe=args.force_recipe)  # before anything is built
 
-    model, tok = load_model(args.init, dtype=torch.float32)
+    with reading("--init", args.init):
+        model, tok = load_model(args.init, dtype=torch.float32)
     arith = arith_config_of(args.init)
     bd3 = BD3LM(model, args.block_size, ClipSchedule(args.beta, args.omega), align="prompt")
     data = SFTBatches(tok, SFTDataConfig(arith=arith, batch_size=args.batch_size,
@@ -120,4 +122,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

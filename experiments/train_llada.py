@@ -1,12 +1,12 @@
 """Retrain the embedded LLaDA-style (bidirectional) model from scratch, in three phases.
 
     # phase 1 (~35 min on one core): learn the task on short EOS-padded answers
-    OMP_NUM_THREADS=1 python -m experiments.train_llada --out runs/llada-p1 --d-model 128 --n-layers 4 \
-        --n-heads 4 --lr 3e-3 --warmup 100 --ema 0 --steps 2600 --short-steps 2000 --max-value 9 \
+    OMP_NUM_THREADS=1 python -m experiments.train_llada --out runs/llada-p1 --d-model 128 --n-layers 4 \\
+        --n-heads 4 --lr 3e-3 --warmup 100 --ema 0 --steps 2600 --short-steps 2000 --max-value 9 \\
         --weighting uniform --response-lengths 32 256 512 --response-probs 0.8 0.15 0.05 --fewshot-prob 0.2
     # phase 2 (~14 min): long EOS tails (generation lengths 64-512) and few-shot prompts
-    OMP_NUM_THREADS=1 python -m experiments.train_llada --init runs/llada-p1/model --out runs/llada-p2 \
-        --steps 1000 --batch-size 16 --lr 1e-3 --warmup 50 --ema 0 --max-value 9 --weighting uniform \
+    OMP_NUM_THREADS=1 python -m experiments.train_llada --init runs/llada-p1/model --out runs/llada-p2 \\
+        --steps 1000 --batch-size 16 --lr 1e-3 --warmup 50 --ema 0 --max-value 9 --weighting uniform \\
         --response-lengths 32 64 256 512 --response-probs 0.2 0.2 0.4 0.2 --fewshot-prob 0.2
     # phase 3 (~2 x 17 min): worked examples in 60% of the batches, 600 steps then 900 more
     # (--init runs/llada-p2/model --out runs/llada-p3a, then --init runs/llada-p3a/model
@@ -33,7 +33,6 @@ ValueError naming each flag and both values. To train further, start a new phase
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -49,7 +48,7 @@ from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.tasks.tokenizer import build_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import set_threads
+from experiments.cli import at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
 
@@ -72,60 +71,55 @@ def build_model(tok, d_model: int, n_layers: int, n_heads: int, max_seq_len: int
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/llada-arith")
-    p.add_argument("--init", default=None,
-                   help="start from this checkpoint's weights (phase 2 of the recipe) instead of random init")
-    p.add_argument("--steps", type=int, default=1200)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=60)
-    p.add_argument("--d-model", type=int, default=192)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=6)
-    p.add_argument("--max-seq-len", type=int, default=1024,
-                   help="with --init: raised to this when the checkpoint's is shorter (a longer-context fine-tune)")
-    p.add_argument("--max-value", type=int, default=50)
-    p.add_argument("--min-steps-per-problem", type=int, default=1)
-    p.add_argument("--max-steps-per-problem", type=int, default=2)
-    p.add_argument("--ops", nargs="+", default=["+", "-"], choices=["+", "-", "*"],
-                   help="operators of the problems (dlm.tasks.ArithConfig.ops)")
-    p.add_argument("--max-factor", type=int, default=9,
-                   help="bound on both operands of '*' (dlm.tasks.ArithConfig.max_factor)")
-    p.add_argument("--cot", default="terse", choices=list(COT_STYLES),
-                   help="chain-of-thought style of the answers (dlm.tasks.ArithConfig.cot)")
-    p.add_argument("--loop", action="store_true",
-                   help="add a repeated subtraction to every problem (dlm.tasks.ArithConfig.loop)")
-    p.add_argument("--response-lengths", type=int, nargs="+", default=[48, 256, 512])
-    p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03])
-    p.add_argument("--fewshot-prob", type=float, default=0.25)
-    p.add_argument("--shots-per-batch", action="store_true",
-                   help="one shot count per few-shot batch instead of one per row: the rows are then "
-                        "padded to ~k shots, not to the longest of 1-8 (about half the compute)")
-    p.add_argument("--direct-prob", type=float, default=0.0,
-                   help="share of training answers cut to their final '#### N' line (no chain of thought)")
-    p.add_argument("--short-steps", type=int, default=0,
-                   help="curriculum: the first N steps train on the shortest response length only")
-    p.add_argument("--weighting", default="elbo", choices=["elbo", "uniform"],
-                   help="loss weight per masked token: LLaDA's 1/(t*A) (ELBO) or 1/#masked (uniform)")
-    p.add_argument("--suffix-prob", type=float, default=0.0,
-                   help="share of rows whose answer is masked from a random cut to the end "
-                        "(dlm.objectives.LLaDASFTLoss.suffix_prob; needs --weighting uniform)")
-    p.add_argument("--family", default="llada", choices=["llada", "dream"],
-                   help="model built from scratch: LLaDA-style, or Dream-style (q/k/v bias, shifted logits, "
-                        "saved in Dream's Qwen2 layout); with --init the checkpoint's family is kept")
+    p = parser("train_llada", __doc__)
+    count = at_least(1)
+    p.add_argument("--out", default="runs/llada-arith", metavar="DIR", help="run dir (default runs/llada-arith)")
+    p.add_argument("--init", default=None, metavar="DIR", help="start from this checkpoint (default: random init)")
+    p.add_argument("--steps", type=count, default=1200, metavar="N", help="optimizer steps (default 1200)")
+    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--warmup", type=int, default=60, metavar="N", help="warm-up steps (default 60)")
+    p.add_argument("--d-model", type=count, default=192, metavar="D", help="width (default 192)")
+    p.add_argument("--n-layers", type=count, default=4, metavar="N", help="layers (default 4)")
+    p.add_argument("--n-heads", type=count, default=6, metavar="N", help="heads (default 6)")
+    p.add_argument("--max-seq-len", type=count, default=1024, metavar="T",
+                   help="context (default 1024; with --init: raised to T)")
+    p.add_argument("--max-value", type=int, default=50, metavar="N", help="largest operand (default 50)")
+    p.add_argument("--min-steps-per-problem", type=int, default=1, metavar="N",
+                   help="fewest reasoning steps per problem (default 1)")
+    p.add_argument("--max-steps-per-problem", type=int, default=2, metavar="N",
+                   help="most reasoning steps per problem (default 2)")
+    p.add_argument("--ops", nargs="+", default=["+", "-"], choices=["+", "-", "*"], metavar="OP",
+                   help="operators: + - * (default + -)")
+    p.add_argument("--max-factor", type=int, default=9, metavar="N", help="bound on both operands of * (default 9)")
+    p.add_argument("--cot", default="terse", choices=list(COT_STYLES), help="chain-of-thought style (default terse)")
+    p.add_argument("--loop", action="store_true", help="add a repeated subtraction to every problem")
+    p.add_argument("--response-lengths", type=count, nargs="+", default=[48, 256, 512], metavar="N",
+                   help="answer lengths (default 48 256 512)")
+    p.add_argument("--response-probs", type=float, nargs="+", default=[0.85, 0.12, 0.03], metavar="P",
+                   help="their probabilities (default .85 .12 .03)")
+    p.add_argument("--fewshot-prob", type=float, default=0.25, metavar="P",
+                   help="share of few-shot rows (default 0.25)")
+    p.add_argument("--shots-per-batch", action="store_true", help="one shot count per few-shot batch, not per row (about half the compute)")
+    p.add_argument("--direct-prob", type=float, default=0.0, metavar="P",
+                   help="share of answers cut to '#### N' (default 0)")
+    p.add_argument("--short-steps", type=int, default=0, metavar="N",
+                   help="first N steps on the shortest length (default 0)")
+    p.add_argument("--weighting", default="elbo", choices=["elbo", "uniform"], help="loss weight (default elbo)")
+    p.add_argument("--suffix-prob", type=float, default=0.0, metavar="P",
+                   help="share of rows masked from a cut to the end (needs --weighting uniform)")
+    p.add_argument("--family", default="llada", choices=["llada", "dream"], help="model built from scratch (default llada; --init keeps the checkpoint's)")
     p.add_argument("--objective", default="diffusion", choices=["diffusion", "ar"],
-                   help="diffusion: LLaDA's SFT loss; ar: next-token SFT under a causal mask "
-                        "(dlm.objectives.ARSFTLoss, the AR model a Dream-style model is adapted from)")
-    p.add_argument("--ema", type=float, default=0.995)
+                   help="LLaDA's SFT loss or next-token (ar)")
+    p.add_argument("--ema", type=float, default=0.995, metavar="X", help="EMA decay (default 0.995)")
     # bf16 autocast is ~10x *slower* than fp32 on CPUs without AVX512-BF16/AMX (measured on a
     # 2-core AVX2 EPYC); use it on GPUs
-    p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"])
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force-recipe", action="store_true",
-                   help="resume even though recipe flags differ from the checkpoint's (recorded in config.json)")
+    p.add_argument("--precision", default="fp32", choices=["bf16", "fp32"],
+                   help="fp32 (default) or bf16 autocast (GPUs)")
+    p.add_argument("--eval-every", type=int, default=200, metavar="N", help="steps between evaluations (default 200)")
+    p.add_argument("--save-every", type=int, default=100, metavar="N", help="steps between checkpoints (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    p.add_argument("--force-recipe", action="store_true", help="resume though recipe flags changed (recorded)")
     args = p.parse_args(argv)
     set_threads(None)
     cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -146,7 +140,8 @@ def main(argv=None) -> None:
                                          shots_per_batch=args.shots_per_batch,
                                          direct_prob=args.direct_prob))
     if args.init:
-        model, _ = load_model(args.init, dtype=torch.float32)
+        with reading("--init", args.init):
+            model, _ = load_model(args.init, dtype=torch.float32)
         if args.max_seq_len > model.config.max_seq_len:  # RoPE has no table to grow: only the limit moves
             model.config = replace(model.config, max_seq_len=args.max_seq_len)
     else:
@@ -174,4 +169,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,11 +17,11 @@ fingerprint); ``<out>/table.md`` and ``table.json`` are rebuilt from those files
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from dlm.io import stable_json
 from bd3lm import BD3LM
 from dlm.checkpoints import weights_fingerprint
 from dlm.tasks import fewshot_examples, generate_problems
@@ -105,7 +105,7 @@ def report(args) -> None:
     rows.sort(key=lambda r: (r["shots"], r["block_size"]))
     meta = {"git_sha": sample_shas(out), "seed": args.seed, "gen_length": args.gen_length,
             "models": [repo_relative(m) for m in args.models]}
-    atomic_write_text(out / "table.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    atomic_write_text(out / "table.json", stable_json({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Embedded BD3-LM by block size, GSM8K-format testbed, up to {args.gen_length} tokens", "",
              f"git {meta['git_sha']}, seed {args.seed}; greedy, steps per block = L' (one token per step), "
              "exact KV cache, stop at the first block with EOS.", "",

@@ -27,12 +27,12 @@ masked, answer tokens masked), here chosen, not sampled.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
 import torch
 
+from dlm.io import stable_json
 from dlm.checkpoints import load_model
 from dlm.tasks import DEFAULT_TEMPLATE, generate_problems
 from dlm.tasks.sft_data import encode_prompt
@@ -134,7 +134,7 @@ def main(argv=None) -> dict:
     for k, v in result["probes"].items():
         print(f"{k:15s} {v['right']:5d} / {v['total']:5d}  {100 * v['accuracy']:5.1f}%")
     if args.out:
-        atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
+        atomic_write_text(Path(args.out), stable_json(result, indent=2) + "\n")
     return result
 
 

@@ -15,11 +15,11 @@ recomputation* when more of its answers are identical to the uncached run of the
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.tasks import generate_problems
 from dlm.tasks.evaluate import wilson_ci
@@ -87,7 +87,7 @@ def report(out: Path) -> None:
           + "\n".join(markdown_table(["strategy", "n", "accuracy % [95% CI]", "same as uncached % [95% CI]",
                                       "tokens/s"], table)) + "\n")
     atomic_write_text(out / "table.md", md)
-    atomic_write_text(out / "table.json", json.dumps(rows, indent=1))
+    atomic_write_text(out / "table.json", stable_json(rows, indent=1))
     print(md)
 
 

@@ -24,11 +24,11 @@ answer was complete where the samples record it, git SHA, config) are rebuilt fr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from dlm.io import stable_json
 from dlm.checkpoints import load_model, load_tokenizer, weights_fingerprint
 from dlm.tasks import (extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key,
                        reasoning_lines)
@@ -167,7 +167,7 @@ def report(args) -> None:
                          **sampler_kwargs(name, args.gen_length)})
     meta = {"git_sha": sample_shas(out), "model": repo_relative(args.model), "seed": args.seed,
             "gen_length": args.gen_length, "unique": args.unique}
-    atomic_write_text(out / "testbed.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    atomic_write_text(out / "testbed.json", stable_json({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"# Testbed: embedded LLaDA-style model, gen_length {args.gen_length}", "",
              f"git {meta['git_sha']}, seed {args.seed}, greedy, low-confidence remasking"
              + (", held-out problems with distinct arithmetic (`--unique`)." if args.unique else "."), "",

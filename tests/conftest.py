@@ -16,35 +16,52 @@ import torch
 
 import tiny
 
-#: Default location of the shared data directory: <repo>/../shared/data.
-DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from dlm.io import data_root
+
+#: the data mirror this session would see ($DLM_SHARED_DATA, else ../shared/data beside the
+#: checkout), read once before any test hides it
+SHARED_DATA = data_root()
+#: where every test that does not ask for the data mirror finds it: nowhere
+HIDDEN_DATA = Path("/nonexistent/dlm-data-mirror-hidden-from-this-test")
 
 
 def find_shared_data(relpath: str) -> Path:
-    """Path of ``relpath`` under the shared data directory, or skip/fail the test.
+    """Path of ``relpath`` in the data mirror (:data:`SHARED_DATA`), or skip the test, naming the
+    file and ``DLM_SHARED_DATA``; under ``CI=true`` a missing file fails it instead.
 
-    ``$DLM_SHARED_DATA`` (if set) is searched before the default location.  A
-    missing file fails the test when ``CI=true`` and skips it otherwise; the message
-    names the missing file and where to put it.
-    """
-    roots = [Path(os.environ["DLM_SHARED_DATA"])] if os.environ.get("DLM_SHARED_DATA") else []
-    roots.append(DEFAULT_SHARED_DATA)
-    for root in roots:
-        candidate = root / relpath
-        if candidate.exists():
-            return candidate
-    message = (f"shared data {relpath!r} is missing: put it at {DEFAULT_SHARED_DATA / relpath} (the data mirror "
-               f"../shared/data beside the checkout; a symlink is fine) or set DLM_SHARED_DATA to a folder "
-               f"holding {relpath} (searched: {', '.join(str(r) for r in roots)})")
+    Only tests that take the :func:`shared_data` fixture see the mirror: for every other test
+    ``DLM_SHARED_DATA`` points to :data:`HIDDEN_DATA`, so a test that reads it by another way fails
+    on every machine, not only on a clone without ``../shared``."""
+    candidate = SHARED_DATA / relpath
+    if candidate.exists():
+        return candidate
+    message = (f"needs the data mirror's {relpath} (not in {SHARED_DATA}): set DLM_SHARED_DATA to a folder "
+               f"holding it, or put the mirror at ../shared/data beside the checkout (see README, 'Data')")
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
 
 
 @pytest.fixture
-def shared_data() -> Callable[[str], Path]:
-    """Fixture returning :func:`find_shared_data` (call it with a relative path)."""
+def shared_data(monkeypatch) -> Callable[[str], Path]:
+    """:func:`find_shared_data`, for a test that reads the data mirror: the code under test sees
+    the mirror too (``DLM_SHARED_DATA`` set to it for this test)."""
+    monkeypatch.setenv("DLM_SHARED_DATA", str(SHARED_DATA))
     return find_shared_data
+
+
+@pytest.fixture(autouse=True)
+def _hide_shared_data(request, monkeypatch):
+    """Every test without the ``shared_data`` fixture runs as on a clone without ``../shared``."""
+    if "shared_data" not in request.fixturenames:
+        monkeypatch.setenv("DLM_SHARED_DATA", str(HIDDEN_DATA))
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that take ``shared_data`` are marked ``shared_data`` (``-m shared_data`` selects them)."""
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_data)
 
 
 @pytest.fixture(autouse=True)

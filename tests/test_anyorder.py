@@ -76,7 +76,8 @@ def test_reversal_corpus_split_and_checker():
         reversal.test_pairs(poems, "sideways")
 
 
-def test_shared_test_sets_load_and_solve():
+def test_shared_test_sets_load_and_solve(shared_data):
+    shared_data("reasoning/sudoku/d1_4x4_test_sudoku.csv"), shared_data("reasoning/countdown/cd3_test.jsonl")
     s = anyorder.test_set("sudoku", 50)
     c = anyorder.test_set("countdown", 50)
     assert len(s) == len(c) == 50
@@ -101,7 +102,8 @@ def test_pair_batches_layout():
     assert widths == set(range(P + 24, P + 33))  # every tail length from 0 to max_tail extra columns
 
 
-def test_harness_runs_and_reports(tmp_path):
+def test_harness_runs_and_reports(tmp_path, shared_data):
+    shared_data("reasoning/countdown/cd3_test.jsonl")  # the harness scores the mirror's Countdown test set
     from experiments.train_anyorder import main as train
 
     small = ["--steps", "2", "--warmup", "1", "--batch-size", "4", "--d-model", "16", "--n-layers", "1",

@@ -9,7 +9,6 @@ import torch
 
 from bd3lm import BD3LM, ClipSchedule
 from bd3lm.data import build_dataset, iterate_batches, load_tokenizer, wrap_chunks
-from conftest import find_shared_data
 from tiny import random_prompts, tiny_model
 
 
@@ -48,9 +47,9 @@ def test_bd3lm_bad_input():
         BD3LM(model, block_size=4, align="left")
 
 
-def test_lm1b_pipeline():
-    path = find_shared_data("lm1b-sample/1b_benchmark.dev.tokens")
-    tok_dir = find_shared_data("tokenizers/bert-base-uncased")
+def test_lm1b_pipeline(shared_data):
+    path = shared_data("lm1b-sample/1b_benchmark.dev.tokens")
+    tok_dir = shared_data("tokenizers/bert-base-uncased")
     chunks, ids = build_dataset(path, "lm1b", tokenizer=str(tok_dir), max_lines=60)
     assert chunks.shape[1] == 128 and chunks.shape[0] >= 5
     assert (ids.bos, ids.eos, ids.mask) == (101, 102, 103) and ids.vocab_size == 30522
@@ -59,8 +58,8 @@ def test_lm1b_pipeline():
     assert batches[0]["input_ids"].shape == (4, 128)
 
 
-def test_owt_style_pipeline_and_empty(tmp_path):
-    tok = load_tokenizer(str(find_shared_data("tokenizers/gpt2")))
+def test_owt_style_pipeline_and_empty(tmp_path, shared_data):
+    tok = load_tokenizer(str(shared_data("tokenizers/gpt2")))
     texts = [f"Document number {i} talks about block diffusion language models." for i in range(30)]
     chunks, ids = build_dataset(texts, "owt", tokenizer=tok, seq_len=32)
     assert ids.mask == 50257 and ids.vocab_size == 50258 and ids.bos == ids.eos == 50256

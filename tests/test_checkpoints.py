@@ -20,7 +20,7 @@ def _real_config(name: str) -> ModelConfig:
     return config_from_json(json.loads(find_shared_data(f"models/{name}/config.json").read_text()))
 
 
-def test_llada_8b_layout_on_meta_device():
+def test_llada_8b_layout_on_meta_device(shared_data):
     cfg = _real_config("LLaDA-8B-Instruct")
     assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.mlp_hidden) == (4096, 32, 32, 32, 12288)
     assert cfg.mask_token_id == 126336 and cfg.eos_token_id == 126081 and not cfg.shift_logits
@@ -43,7 +43,7 @@ def test_llada_8b_layout_on_meta_device():
     assert 7.9e9 < cfg.num_params() < 8.1e9
 
 
-def test_dream_7b_layout_on_meta_device():
+def test_dream_7b_layout_on_meta_device(shared_data):
     cfg = _real_config("Dream-v0-Instruct-7B")
     assert cfg.shift_logits and cfg.qkv_bias and cfg.mask_token_id == 151666
     exp = expected_tensors(cfg)
@@ -163,7 +163,7 @@ def test_dream_layout_matches_transformers_qwen2(tmp_path):
     torch.testing.assert_close(ours[:, 1:], ref[:, :-1], atol=1e-5, rtol=0)  # HF RoPE tables are fp32
 
 
-def test_dream_tokenizer_loads_without_remote_code(tmp_path):
+def test_dream_tokenizer_loads_without_remote_code(tmp_path, shared_data):
     src = find_shared_data("models/Dream-v0-Instruct-7B")
     ckpt = tmp_path / "dream"
     model = tiny_model(layout="dream", shift_logits=True, qkv_bias=True, vocab_size=151667 + 1,

@@ -32,8 +32,8 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(tmp_path):
 def test_real_shape_is_read_from_the_mirror_config(shared_data):
     from experiments.shapes import real_shape
 
+    cfg = json.loads(shared_data("models/LLaDA-8B-Instruct/config.json").read_text())  # skips first when absent
     shape = real_shape("llada8b")
-    cfg = json.loads(shared_data("models/LLaDA-8B-Instruct/config.json").read_text())
     assert (shape["d_model"], shape["n_layers"], shape["vocab_size"]) == (cfg["d_model"], cfg["n_layers"],
                                                                            cfg["vocab_size"])
     assert shape["mlp_hidden"] == cfg["mlp_hidden_size"] and not shape["shift_logits"]

@@ -23,7 +23,6 @@ from experiments import lm_eval_models as lem  # noqa: E402
 from tiny import tokenizer_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 
 
 def _tiny(tok, seed=0) -> Transformer:
@@ -200,19 +199,13 @@ def test_bd3lm_loglikelihood_exact_for_block_size_one(ckpts):
 
 
 def _gsm8k_files(tmp: Path) -> tuple[Path, Path]:
-    """3 GSM8K test problems (+ 3 train for the shots): the shared data when present, else
-    GSM8K-format arithmetic problems."""
-    lines = {}
-    for split in ("test", "train"):
-        src = SHARED_GSM8K / f"{split}.jsonl"
-        if src.is_file():
-            lines[split] = src.read_text().splitlines()[:3]
-        else:
-            from dlm.tasks import generate_problems
+    """3 GSM8K-format test problems (+ 3 train for the shots): procedural arithmetic problems in
+    GSM8K's jsonl layout, so the test runs the same with or without the data mirror."""
+    from dlm.tasks import generate_problems
 
-            lines[split] = [json.dumps({"question": p.question, "answer": p.answer})
-                            for p in generate_problems(n=3, split=split)]
-        (tmp / f"{split}.jsonl").write_text("\n".join(lines[split]) + "\n")
+    for split in ("test", "train"):
+        lines = [json.dumps({"question": p.question, "answer": p.answer}) for p in generate_problems(n=3, split=split)]
+        (tmp / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     return tmp / "train.jsonl", tmp / "test.jsonl"
 
 

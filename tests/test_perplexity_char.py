@@ -13,7 +13,6 @@ import torch
 
 import experiments.perplexity_jobs as jobs
 from bd3lm.data import CharTokenizer, build_dataset, char_span, load_tokenizer, special_ids
-from conftest import find_shared_data
 from experiments.common import read_jsonl
 from experiments.perplexity import parse_config, run
 from experiments.perplexity_config import DATASETS, locate
@@ -58,8 +57,8 @@ def test_char_span_disjoint_and_covering():
             char_span(text, bad)
 
 
-def test_tinyshakespeare_splits_from_the_mirror():
-    path = find_shared_data("tinyshakespeare/input.txt")
+def test_tinyshakespeare_splits_from_the_mirror(shared_data):
+    path = shared_data("tinyshakespeare/input.txt")
     cfg = parse_config(["train", "--preset", "char"])
     ident = cfg.identity()["data"]
     assert (ident["train"], ident["test"], ident["tokenizer"], ident["style"]) == (
@@ -97,8 +96,8 @@ def _argv(tmp_path, *extra):
             "--mc-chunks", "4", "--mc-num", "4", "--var-chunks", "8", "--threads", "1", *extra]
 
 
-def test_seeds_are_separate_runs(tmp_path):
-    find_shared_data("tinyshakespeare/input.txt")
+def test_seeds_are_separate_runs(tmp_path, shared_data):
+    shared_data("tinyshakespeare/input.txt")
     cfg = parse_config(_argv(tmp_path, "--seeds", "0", "1"))
     assert cfg.seeds == (0, 1)
     md = run(cfg)

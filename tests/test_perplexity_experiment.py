@@ -50,7 +50,7 @@ def _records(tmp) -> list[dict]:
     return read_jsonl(tmp / "out" / "perplexity_t.jsonl")
 
 
-def test_files_written(ladder):
+def test_files_written(ladder, shared_data):
     tmp, _ = ladder
     out = tmp / "out"
     for ext in ("jsonl", "md", "csv", "png"):
@@ -71,7 +71,7 @@ def test_files_written(ladder):
     assert lines[0].startswith("table,model,block_size") and "git_sha" in lines[0] and len(lines) == 1 + 3 + 1 + 4
 
 
-def test_ar_perplexity_is_exact_nll(ladder):
+def test_ar_perplexity_is_exact_nll(ladder, shared_data):
     """ppl/ar = exp(exact NLL): each token scored from [x_<i, MASK] with causal attention."""
     tmp, argv = ladder
     cfg = parse_config(argv)
@@ -91,7 +91,7 @@ def test_ar_perplexity_is_exact_nll(ladder):
     assert rec["nelbo"] == pytest.approx(nats / x.numel(), rel=1e-5)
 
 
-def test_resume_skips_finished(ladder, monkeypatch):
+def test_resume_skips_finished(ladder, monkeypatch, shared_data):
     tmp, argv = ladder
     before = (tmp / "out" / "perplexity_t.jsonl").read_text()
 
@@ -107,7 +107,7 @@ def test_resume_skips_finished(ladder, monkeypatch):
         run(parse_config(argv + ["--lr", "0.01"]))  # the error says what differs
 
 
-def test_eval_with_nothing_left_to_compute_needs_no_data(ladder, tmp_path, monkeypatch):
+def test_eval_with_nothing_left_to_compute_needs_no_data(ladder, tmp_path, monkeypatch, shared_data):
     """Committed records of an unchanged config: eval only rebuilds the tables, without the data
     (a clone without ../shared); a missing record needs the data, and the error says where to put it."""
     src, _ = ladder
@@ -205,17 +205,16 @@ def test_convert_records_to_named_data(tmp_path, capsys):
 def test_missing_data_skips_naming_it_and_fails_in_ci(tmp_path, monkeypatch):
     import conftest
 
-    monkeypatch.setenv("DLM_SHARED_DATA", str(tmp_path / "env"))
-    monkeypatch.setattr(conftest, "DEFAULT_SHARED_DATA", tmp_path / "beside")
+    monkeypatch.setattr(conftest, "SHARED_DATA", tmp_path / "mirror")
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(pytest.skip.Exception, match=r"lm1b-sample/x\.tokens.*beside.*DLM_SHARED_DATA"):
+    with pytest.raises(pytest.skip.Exception, match=r"lm1b-sample/x\.tokens.*mirror.*DLM_SHARED_DATA"):
         find_shared_data("lm1b-sample/x.tokens")
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"lm1b-sample/x\.tokens"):
         find_shared_data("lm1b-sample/x.tokens")
 
 
-def test_report_from_jsonl_alone(ladder, tmp_path, capsys):
+def test_report_from_jsonl_alone(ladder, tmp_path, capsys, shared_data):
     src, _ = ladder
     out = tmp_path / "out"
     out.mkdir()
@@ -231,9 +230,9 @@ def test_report_from_jsonl_alone(ladder, tmp_path, capsys):
         main(["report", "--run", "nothing", "--out", str(out)])
 
 
-def test_finetune_from_mdlm_and_variance_finetune(tmp_path):
+def test_finetune_from_mdlm_and_variance_finetune(tmp_path, shared_data):
     for f in DATA:
-        find_shared_data(f)
+        shared_data(f)
     argv = _argv(tmp_path, "--finetune-from-mdlm", "--finetune-steps", "2", "--var-finetune-steps", "1",
                  "--search-every", "0", models=("bd4",))
     cfg = parse_config(argv)

@@ -95,13 +95,14 @@ def test_batch_sizes_of_records():
 
 
 def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
-    """Close points get labels whose boxes do not overlap (the old fixed offsets collided)."""
+    """Close points get labels whose rendered boxes do not overlap each other, stay inside the axes
+    and cover no marker (the old fixed offsets collided); every label finds a place."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.plots import place_labels
+    from experiments.plot_labels import marker_boxes, overlapping_pairs, place_labels
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     pts = [(50 + i, 60 + (i % 3)) for i in range(8)] + [(3, 40), (3.1, 41)]
@@ -109,11 +110,16 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
     ax.set_xlim(1.5, 200)
     ax.set_ylim(30, 75)
     ax.plot(*zip(*pts), "o")
-    texts = place_labels(ax, pts, [f"strategy_name_{i}" for i in range(len(pts))], [dict(fontsize=8)] * len(pts))
+    markers = marker_boxes(ax, pts, 4.0)
+    texts = place_labels(ax, pts, [f"strategy_name_{i}" for i in range(len(pts))], [dict(fontsize=8)] * len(pts),
+                         obstacles=markers)
     renderer = fig.canvas.get_renderer()
+    assert None not in texts and not overlapping_pairs(texts, renderer)
+    frame = ax.get_window_extent(renderer)
     boxes = [t.get_window_extent(renderer) for t in texts]
-    overlapping = [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
-    assert not overlapping
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    assert not [(b, m) for b in boxes for m in markers
+                if b.x0 < m[2] and m[0] < b.x1 and b.y0 < m[3] and m[1] < b.y1]  # room enough: no marker covered
     plt.close(fig)
 
 
@@ -190,3 +196,26 @@ def test_frontier_of_the_reference_model_leaves_out_bd3lm_rows():
     assert got["front"] == ["bd3"] and got["fastest_not_worse"] == "bd3"
     assert got["same_model"] == {"front": ["dual"], "fastest_not_worse": "dual"}
     assert "same_model" not in frontier(rows[:2], "base")
+
+
+def test_float_noise_in_the_inputs_moves_no_written_byte(tmp_path):
+    """A rebuild on another CPU / BLAS / numpy moves the last bits of the timings' sums and of the
+    ablation's least-squares fit: with every input time perturbed by up to 1e-13 relative, every
+    file the report writes keeps its bytes (floats rounded at write, dlm.io.round_floats)."""
+    runs = {name: _records(name, 12, seconds, 4)
+            for name, seconds in (("baseline_semiar", 1.0), ("fastdllm_dual", 0.31), ("fastdllm_threshold", 0.23))}
+    both = {**FACTORS["fastdllm_dual"], "parallel": "threshold"}  # a fourth cell: the fit has a residual
+    runs["dual_threshold"] = [{**r, "strategy": "dual_threshold", "config_hash": "h-dt", "factors": both}
+                              for r in _records("fastdllm_dual", 12, 0.037, 4)]
+    noisy = {n: [{**r, "seconds": r["seconds"] * (1 + 1e-13 * (1 + i % 3))} for i, r in enumerate(rs)]
+             for n, rs in runs.items()}
+    _write(tmp_path / "a", runs)
+    _write(tmp_path / "b", noisy)
+    raw = [[report.summarize(n, rs, 50, 0).tokens_per_second for n, rs in r.items()] for r in (runs, noisy)]
+    assert raw[0] != raw[1]  # the noise reaches the summaries
+    for d in "ab":
+        report.build_report(tmp_path / d, n_resamples=50, plot=False)
+    effects = json.loads((tmp_path / "a" / "table.json").read_text())["ablation"]
+    assert len(effects) == 2  # the fit ran (cache and parallel effects)
+    for name in ("table.json", "table.md", "table.csv", "ablation.md", "ablation.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -267,13 +267,11 @@ def _rebuild(clone: Path, jobs: tuple) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # a clone of the repository and the table jobs (~1 min)
-@pytest.mark.parametrize("shared", ["symlink", "none"])
-def test_a_noop_rebuild_of_a_fresh_clone_leaves_it_clean(tmp_path, shared):
+@pytest.mark.parametrize("shared", [pytest.param("symlink", marks=pytest.mark.shared_data), "none"])
+def test_a_noop_rebuild_of_a_fresh_clone_leaves_it_clean(tmp_path, shared, request):
     mirror = None
-    if shared == "symlink":
-        from conftest import find_shared_data
-
-        mirror = find_shared_data("lm1b-sample").parent  # the mirror this checkout sees, linked beside the clone
+    if shared == "symlink":  # the mirror this checkout sees, linked beside the clone
+        mirror = request.getfixturevalue("shared_data")("lm1b-sample").parent
     clone = fresh_clone(tmp_path, mirror)
     head = _git(clone, "rev-parse", "HEAD").strip()
     res = _rebuild(clone, TABLE_JOBS)

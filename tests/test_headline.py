@@ -1,0 +1,63 @@
+"""The README's headline block and docs/results.md are what results/ gives (never typed), and the
+paired statistics behind them match a direct computation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from experiments import headline
+from dlm.tasks.evaluate import mcnemar_exact
+
+
+def _recs(correct, seconds, tokens=10, flops=None, start=0):
+    return [{"id": f"p{start + i}", "correct": c, "seconds": s, "tokens_until_eos": tokens,
+             **({"flops": flops} if flops else {})} for i, (c, s) in enumerate(zip(correct, seconds))]
+
+
+@pytest.mark.slow  # reads every per-sample file of results/ (~8 s)
+def test_readme_block_and_results_doc_equal_what_the_files_give():
+    assert headline.main(["--check"]) == 0, "run python -m experiments.headline and commit README.md, docs/results.md"
+
+
+def test_paired_statistics_match_a_direct_computation():
+    ref = _recs([1, 1, 0, 1, 0, 1, 1, 0], [2.0] * 8, flops=400)
+    row = _recs([1, 0, 1, 1, 1, 1, 1, 1], [0.5] * 8, flops=100) + _recs([0], [9.0], start=50)  # p50: unpaired
+    ev = headline.paired(ref, row, resamples=500)
+    assert ev["n"] == 8 and (ev["b"], ev["c"]) == (1, 3) and ev["p"] == pytest.approx(mcnemar_exact(1, 3))
+    assert ev["d_acc"] == pytest.approx(100 * (7 - 5) / 8) and ev["accuracy"] == pytest.approx(87.5)
+    assert ev["speedup"] == pytest.approx(4.0) and ev["speedup_ci"] == pytest.approx([4.0, 4.0])  # equal per problem
+    assert ev["flop_ideal"] == pytest.approx(4.0)
+    lo, hi = ev["d_acc_ci"]
+    assert lo <= ev["d_acc"] <= hi and lo < hi
+    assert headline.verdict(ev).startswith("no significant change (p = ")
+
+
+def test_the_speed_up_interval_resamples_problems_and_flags_a_row_above_its_ideal():
+    rng = np.random.default_rng(1)
+    sec = list(rng.uniform(0.5, 1.5, 40))
+    ref = _recs([1] * 40, sec, flops=300)
+    row = _recs([1] * 40, [s / 5 for s in sec[:20]] + [s / 3 for s in sec[20:]], flops=100)
+    ev = headline.paired(ref, row, resamples=1000)
+    direct = (400 / sum(r["seconds"] for r in row)) / (400 / sum(sec))
+    assert ev["speedup"] == pytest.approx(direct, rel=1e-9)
+    lo, hi = ev["speedup_ci"]
+    assert 3 < lo < ev["speedup"] < hi < 5 and ev["flop_ideal"] == pytest.approx(3.0)
+    assert "above its FLOP ideal 3.00x" in headline.verdict(ev)
+
+
+def test_rows_without_timings_have_no_speed_up_and_disjoint_rows_are_refused():
+    ev = headline.paired([{"id": 1, "correct": True}], [{"id": 1, "correct": False}])
+    assert "speedup" not in ev and headline._speed(ev) == "-" and math.isclose(ev["d_acc"], -100.0)
+    with pytest.raises(ValueError, match="common problem ids"):
+        headline.paired([{"id": 1, "correct": True}], [{"id": 2, "correct": True}])
+
+
+def test_the_readme_needs_both_markers_in_order():
+    text = f"a\n{headline.START}\nold\n{headline.END}\nb\n"
+    assert headline.readme_with(text, "new") == f"a\n{headline.START}\nnew\n{headline.END}\nb\n"
+    for bad in ("no markers", f"{headline.END}\n{headline.START}\n", f"{headline.START}\n{headline.START}\n{headline.END}"):
+        with pytest.raises(ValueError, match="headline:start"):
+            headline.readme_with(bad, "new")
