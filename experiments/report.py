@@ -190,6 +190,10 @@ class Effect:
     cells: int  # factor cells at this level
 
 
+#: decimal places the ablation fit keeps (its coefficients are log speed-ups and accuracy points)
+FIT_DECIMALS = 9
+
+
 def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect], dict]:
     """Main effects of each factor level vs the reference level (the baseline row's level) on
     log throughput and on accuracy, from an additive least-squares fit over the non-bd3lm rows.
@@ -227,9 +231,10 @@ def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect],
     gamma, *_ = np.linalg.lstsq(X, acc, rcond=None)
     resid = y - X @ beta
     ss = float(((y - y.mean()) ** 2).sum())
-    # rounded at the source (dlm.io.round_floats): lstsq's last bits differ between CPUs / BLAS
-    # builds, and the tables print these numbers
-    info["r2"] = round_floats(1 - float((resid ** 2).sum()) / ss if ss > 0 else 1.0)
+    # rounded at the source to FIT_DECIMALS places: lstsq's last bits differ between CPUs / BLAS
+    # builds (an effect that is 0 comes out as +-1e-14), and the tables print these numbers
+    beta, gamma = (np.round(v, FIT_DECIMALS) + 0.0 for v in (beta, gamma))
+    info["r2"] = round_floats(round(1 - float((resid ** 2).sum()) / ss, FIT_DECIMALS) + 0.0 if ss > 0 else 1.0)
     effects = [Effect(f, lv, ref, *round_floats([float(b), math.exp(b), float(g)]), n)
                for (f, lv, ref, n), b, g in zip(labels, beta[1:], gamma[1:])]
     return effects, info
