@@ -167,6 +167,25 @@ def parser(name: str, doc: str, paragraphs: int | Sequence[int] = 1,
                    formatter_class=_Formatter, epilog=f"{epilog}\n{more}" if epilog else more)
 
 
+def add_train_args(p: argparse.ArgumentParser, steps: int, lr: float, warmup: int, batch_size: int = 64) -> None:
+    """``--steps --batch-size --lr --warmup`` with one meaning in every training entry point (the
+    defaults are each recipe's)."""
+    count = at_least(1)
+    p.add_argument("--steps", type=count, default=steps, metavar="N", help=f"optimizer steps (default {steps})")
+    p.add_argument("--batch-size", type=count, default=batch_size, metavar="B",
+                   help=f"rows per step (default {batch_size})")
+    p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
+    p.add_argument("--warmup", type=int, default=warmup, metavar="N", help=f"warm-up steps (default {warmup})")
+
+
+def add_shape_args(p: argparse.ArgumentParser, d_model: int, n_layers: int, n_heads: int) -> None:
+    """``--d-model --n-layers --n-heads`` of a model trained from scratch."""
+    count = at_least(1)
+    p.add_argument("--d-model", type=count, default=d_model, metavar="D", help=f"width (default {d_model})")
+    p.add_argument("--n-layers", type=count, default=n_layers, metavar="N", help=f"layers (default {n_layers})")
+    p.add_argument("--n-heads", type=count, default=n_heads, metavar="N", help=f"heads (default {n_heads})")
+
+
 def add_run_args(p: argparse.ArgumentParser, model: Optional[str] = None, model_help: str = "checkpoint dir",
                  dtype: str = "auto", device: Optional[str] = None, seed: bool = True) -> None:
     """``--model --device --dtype --threads`` (and ``--seed``) with one meaning everywhere:

@@ -45,6 +45,7 @@ class Claim:
     folder: str
     reference: str
     row: str
+    timed: bool = True  # False: an accuracy claim whose rows were not timed alike (no speed-up shown)
 
 
 #: the headline, in reading order (a row's files: results/<folder>/<reference|row>.jsonl)
@@ -65,7 +66,7 @@ CLAIMS = (
     Claim("BD3-LM exact KV cache vs recomputing, L'=16", "bd3lm_blocks", "L16_k0_uncached",
           "L16_k0"),
     Claim("semi-AR blocks of 32 vs pure diffusion (the EOS gap)", "testbed_chain", "pure_k0",
-          "semiar32_k0"),
+          "semiar32_k0", timed=False),
     Claim("Sudoku 4x4: masked diffusion vs AR, same size and data", "anyorder", "sudoku_ar",
           "sudoku_pure"),
     Claim("Countdown-3: masked diffusion vs AR, same size and data", "anyorder", "countdown_ar",
@@ -152,6 +153,13 @@ def model_of(folder: str, row: str, results: Path = RESULTS) -> str:
     return next(Path(m).name for m in meta["models"] if m.endswith(f"-{first['block_size']}"))
 
 
+def table_of(folder: str, results: Path = RESULTS) -> str:
+    """The table a row links: ``<folder>/table.md``, else the folder's one markdown file."""
+    base = Path(results) / folder
+    md = base / "table.md" if (base / "table.md").is_file() else next(iter(sorted(base.glob("*.md"))), base)
+    return md.relative_to(results).as_posix()
+
+
 def claim_rows(results: Path = RESULTS) -> list[tuple[Claim, dict]]:
     return [(c, paired(records(c.folder, c.reference, results), records(c.folder, c.row, results)))
             for c in CLAIMS]
@@ -182,8 +190,8 @@ def _table(lines: list[list[str]]) -> list[str]:
 def headline(results: Path = RESULTS, link_prefix: str = "") -> str:
     """The README block: one line per claim, then the ladder's."""
     rows = claim_rows(results)
-    lines = [[c.claim, f"`{model_of(c.folder, c.row, results)}`", _speed(ev), _dacc(ev), verdict(ev),
-              f"[{c.folder}]({link_prefix}results/{c.folder}/)"] for c, ev in rows]
+    lines = [[c.claim, f"`{model_of(c.folder, c.row, results)}`", _speed(ev) if c.timed else "-", _dacc(ev), verdict(ev),
+              f"[{c.folder}]({link_prefix}results/{table_of(c.folder, results)})"] for c, ev in rows]
     if (ladder := ladder_row(results)) is not None:
         ladder[-1] = ladder[-1].replace("(results/", f"({link_prefix}results/")
         lines.append(ladder)

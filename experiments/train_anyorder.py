@@ -30,7 +30,7 @@ from dlm.tasks import countdown, reversal, sudoku
 from dlm.tasks.pairs import PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import at_least, parser, reading, run_main, set_threads
+from experiments.cli import add_shape_args, add_train_args, parser, reading, run_main, set_threads
 from experiments.train_llada import build_model
 
 TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal}
@@ -51,17 +51,11 @@ def task_tokenizer(task: str):
 
 def main(argv=None) -> None:
     p = parser("train_anyorder", __doc__, paragraphs=2)
-    count = at_least(1)
     p.add_argument("--task", required=True, choices=sorted(TASKS))
     p.add_argument("--objective", required=True, choices=["ar", "diffusion"])
     p.add_argument("--out", required=True, metavar="DIR", help="run dir (resumable)")
-    p.add_argument("--steps", type=count, default=1500, metavar="N", help="optimizer steps (default 1500)")
-    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    p.add_argument("--warmup", type=int, default=50, metavar="N", help="warm-up steps (default 50)")
-    p.add_argument("--d-model", type=count, default=128, metavar="D", help="width (default 128)")
-    p.add_argument("--n-layers", type=count, default=4, metavar="N", help="layers (default 4)")
-    p.add_argument("--n-heads", type=count, default=4, metavar="N", help="heads (default 4)")
+    add_train_args(p, steps=1500, lr=2e-3, warmup=50)
+    add_shape_args(p, d_model=128, n_layers=4, n_heads=4)
     p.add_argument("--max-tail", type=int, default=16, metavar="N",
                    help="EOS tail of 0..N extra columns per batch (default 16)")
     p.add_argument("--init", default=None, metavar="DIR", help="start from this checkpoint (AR: Dream's recipe)")

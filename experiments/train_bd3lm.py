@@ -39,7 +39,7 @@ from dlm.checkpoints import load_model
 from dlm.tasks import fewshot_examples, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import at_least, parser, reading, run_main, set_threads
+from experiments.cli import add_train_args, at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
 from experiments.common import arith_config_of
@@ -56,10 +56,7 @@ def main(argv=None) -> None:
                    help="bidirectional checkpoint to start from (default llada-arith)")
     p.add_argument("--block-size", type=count, default=16, metavar="L'", help="block size (default 16)")
     p.add_argument("--out", default=None, metavar="DIR", help="run dir (default runs/bd3lm-arith-<L'>)")
-    p.add_argument("--steps", type=count, default=300, metavar="N", help="optimizer steps (default 300)")
-    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
-    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
-    p.add_argument("--warmup", type=int, default=20, metavar="N", help="warm-up steps (default 20)")
+    add_train_args(p, steps=300, lr=5e-4, warmup=20)
     p.add_argument("--response-length", type=count, default=64, metavar="N",
                    help="answer columns, a multiple of L' (default 64)")
     p.add_argument("--fewshot-prob", type=float, default=0.25, metavar="P",

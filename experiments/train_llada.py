@@ -48,7 +48,7 @@ from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
 from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.tasks.tokenizer import build_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from experiments.cli import at_least, parser, reading, run_main, set_threads
+from experiments.cli import add_shape_args, add_train_args, at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
 from experiments.strategy import Strategy
 
@@ -75,13 +75,8 @@ def main(argv=None) -> None:
     count = at_least(1)
     p.add_argument("--out", default="runs/llada-arith", metavar="DIR", help="run dir (default runs/llada-arith)")
     p.add_argument("--init", default=None, metavar="DIR", help="start from this checkpoint (default: random init)")
-    p.add_argument("--steps", type=count, default=1200, metavar="N", help="optimizer steps (default 1200)")
-    p.add_argument("--batch-size", type=count, default=64, metavar="B", help="rows per step (default 64)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    p.add_argument("--warmup", type=int, default=60, metavar="N", help="warm-up steps (default 60)")
-    p.add_argument("--d-model", type=count, default=192, metavar="D", help="width (default 192)")
-    p.add_argument("--n-layers", type=count, default=4, metavar="N", help="layers (default 4)")
-    p.add_argument("--n-heads", type=count, default=6, metavar="N", help="heads (default 6)")
+    add_train_args(p, steps=1200, lr=2e-3, warmup=60)
+    add_shape_args(p, d_model=192, n_layers=4, n_heads=6)
     p.add_argument("--max-seq-len", type=count, default=1024, metavar="T",
                    help="context (default 1024; with --init: raised to T)")
     p.add_argument("--max-value", type=int, default=50, metavar="N", help="largest operand (default 50)")

@@ -61,3 +61,22 @@ def test_the_readme_needs_both_markers_in_order():
     for bad in ("no markers", f"{headline.END}\n{headline.START}\n", f"{headline.START}\n{headline.START}\n{headline.END}"):
         with pytest.raises(ValueError, match="headline:start"):
             headline.readme_with(bad, "new")
+
+
+@pytest.mark.slow  # reads the committed tables
+def test_each_headline_speed_up_is_the_one_its_linked_table_prints():
+    """The paired recomputation agrees with the table a row links (same problems, same throughput)."""
+    import re
+
+    from experiments.common import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(headline.START):text.index(headline.END)]
+    checked = 0
+    for line in block.splitlines():
+        link = re.search(r"\]\((results/[^)]*)\)", line)
+        for number in re.findall(r"\*\*([\d.]+)x\*\*|FLOP ideal ([\d.]+)x", line):
+            value = next(v for v in number if v)
+            assert f"{value}x" in (REPO / link.group(1)).read_text(), (value, link.group(1))
+            checked += 1
+    assert checked >= 8
