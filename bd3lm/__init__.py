@@ -23,7 +23,9 @@ import torch.nn as nn
 from .loss import BD3Objective, NELBOTerms, bd3_logits, bd3_nelbo
 from .masks import bd3_mask, dense_bd3_mask, flex_bd3_mask
 from .perplexity import PerplexityResult, perplexity
-from .sampler import ALIGNS, MODES, sample
+from .policy import ALIGNS, BlockCausal, ExactBlockCache
+from .rules import Ancestral, FirstHitting
+from .sampler import sample
 from .clipping import ClipSearchResult, search_clipping
 from .schedules import DEFAULT_GRID, UNCLIPPED, ClipSchedule
 
@@ -31,8 +33,9 @@ META_FILE = "bd3lm.json"
 META_KEY = "bd3lm"
 
 __all__ = [
-    "ALIGNS", "BD3Config", "BD3LM", "BD3Objective", "ClipSchedule", "ClipSearchResult", "DEFAULT_GRID",
-    "MODES", "NELBOTerms", "PerplexityResult", "UNCLIPPED", "bd3_logits", "bd3_mask", "bd3_nelbo",
+    "ALIGNS", "Ancestral", "BD3Config", "BD3LM", "BD3Objective", "BlockCausal", "ClipSchedule", "ClipSearchResult",
+    "DEFAULT_GRID", "ExactBlockCache", "FirstHitting", "NELBOTerms", "PerplexityResult", "UNCLIPPED", "bd3_logits",
+    "bd3_mask", "bd3_nelbo",
     "dense_bd3_mask", "flex_bd3_mask", "perplexity", "sample", "save_bd3", "search_clipping",
 ]
 

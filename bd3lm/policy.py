@@ -13,30 +13,37 @@ same logits up to float rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from dlm.attention import block_causal_mask, block_ids
+from dlm.policy import CachePolicy
+from dlm.registry import param, register
 from dlm.sample import Run
 
 ALIGNS = ("prompt", "absolute")
 
 
+@register("policy", "exact")
 @dataclass(frozen=True)
-class ExactBlockCache:
+class ExactBlockCache(CachePolicy):
     """Cache policy "exact". align ``prompt``: block ids count from the prompt end (SFT layout);
     ``absolute``: from column 0 (pre-training chunks)."""
 
-    block_size: int
-    align: str = "prompt"
-    use_cache: bool = True
-    name = "exact"
+    block_size: int = field(metadata=param("", derived="block_length"))
+    align: str = field(default="prompt", metadata=param(
+        "block-diffusion layout: blocks after the prompt (SFT) or at multiples of the block size", choices=ALIGNS))
+    use_cache = True
+    block_model = True
+    family_rules = False
+    same_as = ("block_causal", ())  # the cache is exact
 
-    def __post_init__(self) -> None:
-        if self.align not in ALIGNS:
-            raise ValueError(f"align must be one of {ALIGNS}, got {self.align!r}")
+    def layout(self, prompt_len: int, gen_length: int, block_length: int,
+               attention_mask: Optional[Tensor]) -> tuple[tuple[int, int], ...]:
+        return block_layout(self.align, prompt_len, gen_length, block_length, attention_mask)
 
     def _mask(self, run: Run, lo: int, hi: int) -> Tensor:
         """(1|B, 1, hi - lo, hi) bool: queries ``[lo, hi)`` over keys ``[0, hi)``, block-causal; a
@@ -66,3 +73,32 @@ class ExactBlockCache:
     def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
         if self.use_cache and not last:
             run.forward(lo, hi, self._mask(run, lo, hi), None, commit=True)  # the clean block's K/V, once
+
+
+@register("policy", "block_causal")
+@dataclass(frozen=True)
+class BlockCausal(ExactBlockCache):
+    """The exact policy's attention without its cache: the whole prefix recomputed every step
+    (the reference the exact cache equals)."""
+
+    use_cache = False
+    same_as = None
+
+
+def block_layout(align: str, P: int, G: int, L: int, attention_mask: Optional[Tensor]) -> tuple[tuple[int, int], ...]:
+    """The noisy blocks ``(lo, hi)`` after the clean context (``[0, P)`` for ``prompt``; for
+    ``absolute`` the prompt's trailing partial block is the first noisy block)."""
+    if align == "prompt":
+        if G % L:
+            raise ValueError(f"block_size={L} must divide the generation length {G}")
+        ctx_end = P
+    else:
+        r = P % L
+        if (r + G) % L:
+            raise ValueError(f"align='absolute': block_size={L} must divide the total length {P + G}")
+        if attention_mask is not None:
+            pad = attention_mask.shape[1] - attention_mask.long().sum(-1)
+            if bool((pad % L != 0).any()):
+                raise ValueError("align='absolute' needs every row's left padding to be a multiple of block_size")
+        ctx_end = P - r
+    return tuple((lo, lo + L) for lo in range(ctx_end, P + G, L))

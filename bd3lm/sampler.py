@@ -1,10 +1,10 @@
 """BD3-LM block-diffusion sampling: the one loop :func:`dlm.sample.denoise` with the exact
 block-causal cache policy (:class:`bd3lm.policy.ExactBlockCache`, Arriola et al., ICLR 2025,
 Alg. 2) and a commit rule of :mod:`dlm.commit`. This entry keeps BD3-LM's argument names
-(``block_size``, ``steps_per_block``, ``mode``, ``use_cache``); the same run is
-``Strategy(cache="exact", rule=...)`` of :mod:`experiments.strategy`.
+(``block_size``, ``steps_per_block``, ``mode``, ``use_cache``): a thin preset; the same run is
+``dlm.spec.Sampler.of(policy="exact", rule=...)``.
 
-Commit rules per step (``mode``; :mod:`dlm.commit`, any other rule of ``RULES`` works too):
+Commit rules per step (``mode``; :mod:`bd3lm.rules`, any other registered rule works too):
 
 - ``topk``: low-confidence remasking; the linear schedule commits ``num_transfer_tokens`` of the
   block's masked tokens per step, the most confident first (LLaDA Alg. 2 inside a block);
@@ -34,14 +34,13 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from dlm.commit import RULES, Proposal, check_int, check_real, make_rule, top_p_filter  # noqa: F401
+from dlm import registry
+from dlm.commit import Proposal, check_int, check_real
 from dlm.sample import GenerateOutput, denoise
 from dlm.validate import prepare_batch
 
 from .loss import model_config
-from .policy import ALIGNS, ExactBlockCache
-
-MODES = tuple(RULES)
+from .policy import ALIGNS
 
 
 def _check_args(block_size, steps_per_block, top_p, mode, stop_at_eos, use_cache) -> int:
@@ -49,8 +48,8 @@ def _check_args(block_size, steps_per_block, top_p, mode, stop_at_eos, use_cache
     steps = block_size if steps_per_block is None else steps_per_block
     check_int("steps_per_block", steps)
     check_real("top_p", top_p, 0.0, 1.0)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in registry.names("rule"):
+        raise ValueError(f"mode must be a registered rule ({', '.join(registry.names('rule'))}), got {mode!r}")
     for name, flag in (("stop_at_eos", stop_at_eos), ("use_cache", use_cache)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -72,25 +71,6 @@ def _gen_length(prompt_len: int, max_length: Optional[int], gen_length: Optional
         raise ValueError(f"max length {prompt_len + gen} (prompt {prompt_len} + generation {gen}) exceeds "
                          f"the model's max_seq_len={max_seq_len}")
     return gen
-
-
-def block_layout(align: str, P: int, G: int, L: int, attention_mask: Optional[Tensor]) -> tuple[tuple[int, int], ...]:
-    """The noisy blocks ``(lo, hi)`` after the clean context (``[0, P)`` for ``prompt``; for
-    ``absolute`` the prompt's trailing partial block is the first noisy block)."""
-    if align == "prompt":
-        if G % L:
-            raise ValueError(f"block_size={L} must divide the generation length {G}")
-        ctx_end = P
-    else:
-        r = P % L
-        if (r + G) % L:
-            raise ValueError(f"align='absolute': block_size={L} must divide the total length {P + G}")
-        if attention_mask is not None:
-            pad = attention_mask.shape[1] - attention_mask.long().sum(-1)
-            if bool((pad % L != 0).any()):
-                raise ValueError("align='absolute' needs every row's left padding to be a multiple of block_size")
-        ctx_end = P - r
-    return tuple((lo, lo + L) for lo in range(ctx_end, P + G, L))
 
 
 def sample(
@@ -124,7 +104,8 @@ def sample(
     Returns :class:`dlm.sample.GenerateOutput` (sequences (B, P + G), commit_step (B, G)).
     """
     steps = _check_args(block_size, steps_per_block, top_p, mode, stop_at_eos, use_cache)
-    rule = make_rule(mode, steps, threshold, factor)
+    numbers = {k: v for k, v in (("threshold", threshold), ("factor", factor)) if v is not None}
+    rule = registry.build("rule", mode, numbers, {"steps_per_block": steps})
     proposal = Proposal(temperature, top_p=top_p)
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
@@ -132,9 +113,11 @@ def sample(
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise TypeError("input_ids must be an integer torch.Tensor of shape (B, P)")
     G = _gen_length(input_ids.shape[1], max_length, gen_length, cfg.max_seq_len)
-    blocks = block_layout(align, input_ids.shape[1], G, block_size, attention_mask)
+    policy = registry.build("policy", "exact" if use_cache else "block_causal", {"align": align},
+                            {"block_length": block_size})
+    blocks = policy.layout(input_ids.shape[1], G, block_size, attention_mask)
     batch = prepare_batch(model, input_ids, attention_mask, G, mask_id)
-    out = denoise(model, batch, blocks, ExactBlockCache(block_size, align, use_cache), rule, proposal,
+    out = denoise(model, batch, blocks, policy, rule, proposal,
                   stop_at_eos=stop_at_eos and cfg.eos_token_id is not None, generator=generator,
                   backend=backend, callback=callback)
     out.stats.extra.update({"blocks": out.stats.extra["blocks_run"], "mode": mode, "use_cache": use_cache,

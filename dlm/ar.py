@@ -20,28 +20,34 @@ real key before it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .attention import causal_mask
+from .policy import CachePolicy
+from .registry import register
 from .sample import Run
 
 
+@register("policy", "ar")
 @dataclass(frozen=True)
-class ARCache:
+class ARCache(CachePolicy):
     """Cache policy "ar": one prefill, then one column per step with the exact KV cache."""
 
-    name = "ar"
+    family_rules = False
+
+    @classmethod
+    def check(cls, block_length: Optional[int], rule: str) -> None:
+        if block_length != 1 or rule != "topk":
+            raise ValueError("policy 'ar' decodes one column per step: block_length=1, rule='topk'")
 
     def start(self, run: Run) -> None:
         for lo, hi in run.blocks:
             if hi - lo != 1:
                 raise ValueError(f"cache 'ar' decodes one column per block (block_length=1), got block [{lo}, {hi})")
         run.new_cache()
-
-    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
-        pass
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         run.refreshed = False

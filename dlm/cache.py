@@ -64,7 +64,14 @@ class KVCache:
         """Number of key columns a window ``[start, start+width)`` attends over."""
         return max(self.length, start + width)
 
-    def check_window(self, start: int, width: int) -> None:
+    def check_window(self, start: int | Tensor, width: int) -> None:
+        if isinstance(start, Tensor):  # a gathered window: its columns must be cached already
+            if start.dim() != 2 or start.shape[1] != width or start.shape[0] != self.batch_size:
+                raise ValueError(f"gathered window columns must be (B={self.batch_size}, W={width}), "
+                                 f"got {tuple(start.shape)}")
+            if width > self.length:
+                raise ValueError(f"a gathered window of {width} columns needs them cached (length {self.length})")
+            return
         if start < 0 or start > self.length:
             raise ValueError(
                 f"window start={start} must lie in [0, cache.length={self.length}] (no gaps)"
@@ -72,8 +79,12 @@ class KVCache:
         if start + width > self.max_len:
             raise ValueError(f"window end {start + width} exceeds cache max_len={self.max_len}")
 
-    def layer_kv(self, layer: int, k_new: Tensor, v_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    def layer_kv(self, layer: int, k_new: Tensor, v_new: Tensor, start: int | Tensor) -> tuple[Tensor, Tensor]:
         """Keys/values over columns ``[0, key_len)`` with the window's fresh ones written in place.
+
+        ``start`` a (B, W) long tensor: a gathered window, its columns per row (each below
+        ``length``, no repeats in a row): the fresh K/V are scattered there and every cached column
+        is read (``keep`` does not apply).
 
         k_new, v_new: (B, H, W, D). Returns views (B, H, key_len, D) of the storage. Where ``keep``
         is set (per row and column, e.g. the columns a delayed policy has cached), the window reads
@@ -81,6 +92,11 @@ class KVCache:
         scratch one write alike (see the module docstring); the model extends ``length`` after a
         committing forward.
         """
+        if isinstance(start, Tensor):
+            idx = start[:, None, :, None].expand_as(k_new)  # (B, H, W, D)
+            self.k[layer].scatter_(2, idx, k_new)
+            self.v[layer].scatter_(2, idx, v_new)
+            return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]
         width = k_new.shape[2]
         stop = start + width
         end = self.key_len(start, width)

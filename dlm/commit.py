@@ -1,33 +1,30 @@
-"""Commit rules: pure, vectorized functions and the small rule objects the one loop
-(:func:`dlm.sample.denoise`) plugs in.
+"""The commit-rule and proposal slots of the one loop (:func:`dlm.sample.denoise`).
 
-A denoising step proposes a token ``x0`` and a confidence for every position (:func:`propose`);
-a *commit rule* picks which still-masked positions take their proposal:
-
-==============  ==========================================================================
-``topk``        LLaDA's linear schedule: ``num_transfer_tokens`` per step, most confident first
-``threshold``   Fast-dLLM eq. 5: every position with confidence >= tau, at least the top one
-``factor``      Fast-dLLM eq. 6: the largest n with ``(n + 1)(1 - c(n)) < f``
-``first_hitting`` Zheng et al. 2025: one uniformly chosen position per step at the hitting time
-``ancestral``   MDLM / BD3-LM reverse step: each masked position w.p. ``(t - s) / t``
-==============  ==========================================================================
+A denoising step proposes a token ``x0`` and a confidence for every position (:func:`propose`,
+the proposal :class:`Proposal`); a *commit rule* (a :class:`CommitRule` registered in
+:mod:`dlm.registry`) picks which still-masked positions take their proposal. The rules live with
+their papers: ``topk`` (LLaDA, :mod:`dlm.llada`), ``threshold`` / ``factor`` (Fast-dLLM,
+:mod:`fastdllm.rules`), ``first_hitting`` / ``ancestral`` (BD3-LM, :mod:`bd3lm.rules`), ``dream``
+(:mod:`dream`). This module holds what they share: the proposal, the confidences, top-k selection.
 
 All functions are batched, have no per-row Python loops and no ``.item()``, so they run inside
-the step loop without host syncs. Adding a rule: one :class:`CommitRule` subclass here, one line
-in ``RULES``, and its test in ``tests/test_commit.py``.
+the step loop without host syncs.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .registry import param, register
+
 REMASKING = ("low_confidence", "random")
+CONFIDENCES = REMASKING + ("neg_entropy",)  # what a rule may ask the proposal for (``CommitRule.confidence``)
 
 
 def num_transfer_tokens(mask_count: Tensor, steps: int) -> Tensor:
@@ -56,12 +53,19 @@ def add_gumbel_noise(logits: Tensor, temperature: float, generator: Optional[tor
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
-def suppress_logits(logits: Tensor, token_ids: tuple[int, ...]) -> Tensor:
-    """A copy of ``logits`` with the logits of ``token_ids`` set to -inf."""
-    if not token_ids:
+def id_tensor(token_ids: tuple[int, ...] | Tensor, device) -> Tensor:
+    """``token_ids`` as a (n,) long tensor on ``device`` (a tensor is passed through: the loop builds
+    it once per call, so no step copies host data to the device)."""
+    if isinstance(token_ids, Tensor):
+        return token_ids
+    return torch.tensor(token_ids, dtype=torch.long, device=device)
+
+
+def suppress_logits(logits: Tensor, token_ids: tuple[int, ...] | Tensor) -> Tensor:
+    """A copy of ``logits`` with the logits of ``token_ids`` (a tuple or an (n,) tensor) set to -inf."""
+    if not len(token_ids):
         return logits
-    idx = torch.tensor(token_ids, dtype=torch.long, device=logits.device)
-    return logits.index_fill(-1, idx, float("-inf"))
+    return logits.index_fill(-1, id_tensor(token_ids, logits.device), float("-inf"))
 
 
 def top_p_filter(logp: Tensor, top_p: float) -> Tensor:
@@ -82,21 +86,22 @@ def propose(
     temperature: float,
     remasking: str,
     generator: Optional[torch.Generator],
-    exclude: tuple[int, ...] = (),
+    exclude: tuple[int, ...] | Tensor = (),
     top_p: Optional[float] = None,
 ) -> tuple[Tensor, Tensor]:
     """Proposed tokens and their confidence. logits (B, T, V) -> x0 (B, T), conf (B, T) float64.
 
-    ``exclude``: ids never proposed (the samplers pass [MASK]: a trained model gives it ~0 mass,
+    ``exclude``: ids never proposed, a tuple or an (n,) tensor (the samplers pass [MASK]: a trained model gives it ~0 mass,
     and a proposed [MASK] would leave its column masked; optionally EOS/EoT too).
     ``top_p``: None proposes from the raw logits (LLaDA); a number from the float64 SUBS
     log-probabilities (BD3-LM / MDLM: excluded ids impossible), nucleus-filtered to ``top_p``.
     ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA), computed
     as ``exp(l[x0] - max) / sum exp(l - max)`` (:func:`token_confidence`) without a vocabulary-sized
-    float64 softmax. ``random``: conf ~ U(0, 1) (LLaDA's random remasking).
+    float64 softmax. ``random``: conf ~ U(0, 1) (LLaDA's random remasking). ``neg_entropy``:
+    conf = sum_v p_v log p_v of the proposal distribution (minus its entropy; float64).
     """
-    if remasking not in REMASKING:
-        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
+    if remasking not in CONFIDENCES:
+        raise ValueError(f"unknown confidence {remasking!r}; expected one of {CONFIDENCES}")
     if top_p is not None:
         lp = suppress_logits(logits.to(torch.float64), exclude)
         logits, exclude = top_p_filter(torch.log_softmax(lp, dim=-1), top_p), ()
@@ -107,6 +112,9 @@ def propose(
             top, x0 = None, add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, T)
         if remasking == "random":
             return x0, torch.rand(x0.shape, dtype=torch.float64, device=x0.device, generator=generator)
+        if remasking == "neg_entropy":
+            p = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, T, V); excluded ids: 0
+            return x0, torch.special.xlogy(p, p).sum(-1)  # (B, T)
         return x0, token_confidence(logits, x0, top)
 
 
@@ -118,14 +126,14 @@ class excluded:
         self.logits, self.ids = logits, ids
 
     def __enter__(self) -> Tensor:
-        if self.ids:
-            self.idx = torch.tensor(self.ids, dtype=torch.long, device=self.logits.device)
+        if len(self.ids):
+            self.idx = id_tensor(self.ids, self.logits.device)
             self.saved = self.logits.index_select(-1, self.idx)  # (B, T, n)
             self.logits.index_fill_(-1, self.idx, float("-inf"))
         return self.logits
 
     def __exit__(self, *exc) -> None:
-        if self.ids:
+        if len(self.ids):
             self.logits.index_copy_(-1, self.idx, self.saved)
 
 
@@ -152,39 +160,17 @@ def confidence_ranks(confidence: Tensor) -> Tensor:
     return ranks.scatter_(-1, order, src)
 
 
-def _masked(confidence: Tensor, eligible: Tensor) -> Tensor:
-    """Eligible confidences clamped finite, ineligible -inf: eligible always rank first."""
+def masked_confidence(confidence: Tensor, eligible: Tensor) -> Tensor:
+    """(B, T) eligible confidences clamped finite, ineligible -inf: eligible always rank first."""
     lowest = torch.finfo(confidence.dtype).min
     return torch.where(eligible, confidence.clamp_min(lowest), torch.full_like(confidence, float("-inf")))
 
 
 def select_topk(confidence: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
     """Per-row top-k among ``eligible`` positions: bool (B, T). k: (B,) long."""
-    conf = _masked(confidence, eligible)
+    conf = masked_confidence(confidence, eligible)
     ranks = confidence_ranks(conf)
     return (ranks < k[:, None]) & eligible
-
-
-def select_threshold(confidence: Tensor, eligible: Tensor, threshold: float) -> Tensor:
-    """Fast-dLLM threshold rule: the most confident eligible position, plus every eligible one
-    with confidence >= threshold (Wu et al. 2025, Thm. 1 / eq. 5). bool (B, T)."""
-    conf = _masked(confidence, eligible)
-    top = confidence_ranks(conf) == 0
-    return ((conf >= threshold) | top) & eligible
-
-
-def select_factor(confidence: Tensor, eligible: Tensor, factor: float) -> Tensor:
-    """Fast-dLLM factor rule: with c(1) >= c(2) >= ... the sorted eligible confidences, commit
-    the top n for the largest n with (n + 1)(1 - c(n)) < f, at least one (Wu et al. 2025, eq. 6).
-    bool (B, T)."""
-    conf = _masked(confidence, eligible)
-    sorted_conf = torch.sort(conf, dim=-1, descending=True, stable=True).values  # (B, T)
-    n = torch.arange(1, conf.shape[-1] + 1, device=conf.device, dtype=conf.dtype)  # (T,)
-    ok = ((n + 1) * (1 - sorted_conf) < factor) & torch.isfinite(sorted_conf)  # (B, T)
-    # largest n with ok[n-1] True: index of the last True + 1 (0 when none)
-    last = torch.where(ok, n.expand_as(ok), torch.zeros_like(sorted_conf)).amax(dim=-1)  # (B,)
-    k = last.clamp_min(1).long()
-    return select_topk(confidence, eligible, k)
 
 
 # ------------------------------------------------------------------------------ rule objects
@@ -216,6 +202,7 @@ def check_sampling(temperature: float, remasking: str, cfg_scale: float = 0.0) -
             raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
+@register("proposal", "llada")
 @dataclass(frozen=True)
 class Proposal:
     """How a step turns logits into proposals (:func:`propose`). top_p None: LLaDA's raw logits;
@@ -223,11 +210,15 @@ class Proposal:
     proposed (LLaDA's ``logits_eos_inf``); eos_last: EOS/EoT proposals get the lowest confidence
     (LLaDA's ``confidence_eos_eot_inf``)."""
 
-    temperature: float = 0.0
-    remasking: str = "low_confidence"
-    top_p: Optional[float] = None
-    suppress_eos: bool = False
-    eos_last: bool = False
+    temperature: float = field(default=0.0, metadata=param("Gumbel-max temperature (0: greedy)", min=0.0))
+    remasking: str = field(default="low_confidence", metadata=param(
+        "confidence of a proposal: its softmax probability or a uniform draw (LLaDA)", choices=REMASKING))
+    top_p: Optional[float] = field(default=None, metadata=param(
+        "nucleus filter: propose from the smallest token set holding this probability mass", min=0.0, max=1.0,
+        open_min=True))
+    suppress_eos: bool = field(default=False, metadata=param("never propose EOS/EoT (LLaDA's logits_eos_inf)"))
+    eos_last: bool = field(default=False, metadata=param(
+        "EOS/EoT proposals rank last (LLaDA's confidence_eos_eot_inf)"))
 
     def __post_init__(self) -> None:
         check_sampling(self.temperature, self.remasking)
@@ -235,7 +226,7 @@ class Proposal:
             check_real("top_p", self.top_p, 0.0, 1.0)
 
     def __call__(self, logits: Tensor, where: Tensor, generator: Optional[torch.Generator],
-                 exclude: tuple[int, ...] = (), confidence: Optional[str] = None) -> tuple[Tensor, Tensor]:
+                 exclude: tuple[int, ...] | Tensor = (), confidence: Optional[str] = None) -> tuple[Tensor, Tensor]:
         """:func:`propose` at every column (``where`` is not used: the noise covers the block);
         ``confidence`` (a rule's) overrides ``remasking``."""
         return propose(logits, self.temperature, confidence or self.remasking, generator, exclude, self.top_p)
@@ -248,10 +239,12 @@ class CommitRule:
     ineligible column; ``commit_time(state)``: (B,) time recorded for this step's commits or None;
     ``confidence``: the confidence the rule needs (overrides the proposal's remasking);
     ``selects_first(i)``: at step ``i`` the rule selects without confidences (``conf`` None) and
-    the proposal then samples only the selected columns. ``span``: the block's ``(lo, hi, T)``."""
+    the proposal then samples only the selected columns; ``random``: it draws from the generator
+    even at temperature 0. ``span``: the block's ``(lo, hi, T)``."""
 
     confidence: Optional[str] = None
     records_time = False
+    random = False  # draws from the generator even at temperature 0
 
     def selects_first(self, i: int) -> bool:
         return False
@@ -270,126 +263,3 @@ class CommitRule:
         return None
 
 
-@dataclass(frozen=True)
-class TopK(CommitRule):
-    """LLaDA Alg. 2: ``steps`` per block, ``num_transfer_tokens`` most confident per step."""
-
-    steps: int
-    name = "topk"
-
-    def __post_init__(self) -> None:
-        check_int("steps", self.steps)
-
-    def block_steps(self, width: int) -> int:
-        return self.steps
-
-    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None) -> Tensor:
-        return num_transfer_tokens(eligible.sum(-1), n_steps)  # (B, steps)
-
-    def select(self, conf, eligible, i, state, generator):
-        return select_topk(conf, eligible, state[:, i]), state
-
-
-@dataclass(frozen=True)
-class Threshold(CommitRule):
-    """Fast-dLLM eq. 5 (:func:`select_threshold`); steps until the block is clean."""
-
-    threshold: float
-    name = "threshold"
-
-    def __post_init__(self) -> None:
-        check_real("threshold", self.threshold, 0.0, 1.0)
-
-    @property
-    def label(self) -> str:
-        return f"threshold={self.threshold:g}"
-
-    def select(self, conf, eligible, i, state, generator):
-        return select_threshold(conf, eligible, self.threshold), state
-
-
-@dataclass(frozen=True)
-class Factor(CommitRule):
-    """Fast-dLLM eq. 6 (:func:`select_factor`); steps until the block is clean."""
-
-    factor: float
-    name = "factor"
-
-    def __post_init__(self) -> None:
-        check_real("factor", self.factor, 0.0)
-
-    @property
-    def label(self) -> str:
-        return f"factor={self.factor:g}"
-
-    def select(self, conf, eligible, i, state, generator):
-        return select_factor(conf, eligible, self.factor), state
-
-
-@dataclass(frozen=True)
-class FirstHitting(CommitRule):
-    """Zheng et al. 2025: one uniformly chosen masked column per step (random confidences, top 1),
-    at the hitting time ``t <- t * u^(1 / n_masked)``; one step per masked column of the block."""
-
-    name = "first_hitting"
-    confidence = "random"
-    records_time = True
-
-    def block_steps(self, width: int) -> int:
-        return width
-
-    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None) -> Tensor:
-        return torch.ones(eligible.shape[0], dtype=torch.float64, device=eligible.device)  # t = 1
-
-    def select(self, conf, eligible, i, t_hit, generator):
-        B = conf.shape[0]
-        commit = select_topk(conf, eligible, torch.ones(B, dtype=torch.long, device=conf.device))
-        n_masked = eligible.sum(-1)  # (B,)
-        u = torch.rand(B, generator=generator, device=conf.device, dtype=torch.float64)
-        t_hit = torch.where(n_masked > 0, t_hit * u ** (1.0 / n_masked.clamp_min(1).double()), t_hit)
-        return commit, t_hit
-
-    def commit_time(self, t_hit: Tensor) -> Tensor:
-        return t_hit
-
-
-@dataclass(frozen=True)
-class Ancestral(CommitRule):
-    """MDLM / BD3-LM reverse step ``q(x_s | x_t, x_theta)`` on ``t_i = 1 - i / steps``: each masked
-    column is unmasked with probability ``(t - s) / t = 1 / (steps - i)``."""
-
-    steps: int
-    name = "ancestral"
-
-    def __post_init__(self) -> None:
-        check_int("steps", self.steps)
-
-    def block_steps(self, width: int) -> int:
-        return self.steps
-
-    def select(self, conf, eligible, i, state, generator):
-        u = torch.rand(eligible.shape, generator=generator, device=eligible.device, dtype=torch.float64)
-        return eligible & (u < 1.0 / (self.steps - i)), state
-
-
-RULES = {"topk": TopK, "threshold": Threshold, "factor": Factor, "first_hitting": FirstHitting,
-         "ancestral": Ancestral}
-
-
-def make_rule(name: str, steps_per_block: int, threshold: Optional[float] = None,
-              factor: Optional[float] = None) -> CommitRule:
-    """The rule ``name`` (``RULES``) with its number: ``threshold`` / ``factor`` for those rules,
-    ``steps_per_block`` for the scheduled ones."""
-    if name not in RULES:
-        raise ValueError(f"rule must be one of {tuple(RULES)}, got {name!r}")
-    if name != "threshold" and threshold is not None:
-        raise ValueError(f"threshold is an option of rule 'threshold', not of {name!r}")
-    if name != "factor" and factor is not None:
-        raise ValueError(f"factor is an option of rule 'factor', not of {name!r}")
-    if name == "threshold":
-        return Threshold(0.9 if threshold is None else threshold)
-    if name == "factor":
-        return Factor(1.0 if factor is None else factor)
-    if name == "first_hitting":
-        return FirstHitting()
-    return RULES[name](steps_per_block)

@@ -229,7 +229,7 @@ class Transformer(nn.Module):
         cache: Optional[KVCache] = None,
         attn_mask: MaskLike = None,
         *,
-        start: int = 0,
+        start: int | Tensor = 0,
         commit: bool = False,
         backend: str = "sdpa",
         logits_slice: Optional[slice] = None,
@@ -238,7 +238,9 @@ class Transformer(nn.Module):
         body: Optional[Callable[..., Tensor]] = None,
         prune_last_layer: bool = False,
     ) -> Tensor:
-        """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``.
+        """Logits for the window ``input_ids`` (B, W) occupying columns ``[start, start + W)``, or
+        with ``start`` a (B, W) long tensor the cached columns it lists per row (a gathered window:
+        ``positions`` required; its K/V are written there, every cached column is read).
 
         positions: (B, W) RoPE positions (default ``start + arange(W)``).
         cache: read K/V of other columns from it and write this window's into it; ``commit`` keeps them
@@ -257,13 +259,16 @@ class Transformer(nn.Module):
         Returns (B, W', V) logits (aligned to predicted tokens) or hidden states if requested.
         """
         B, W = input_ids.shape
+        gathered = isinstance(start, Tensor)
         if positions is None:
+            if gathered:
+                raise ValueError("a gathered window (start a tensor of columns) needs positions")
             positions = torch.arange(start, start + W, device=input_ids.device).expand(B, W)
         elif positions.shape != input_ids.shape:
             raise ValueError(f"positions shape {tuple(positions.shape)} != input_ids shape {(B, W)}")
         if cache is not None:
             cache.check_window(start, W)
-        elif start != 0 or commit:
+        elif gathered or start != 0 or commit:
             raise ValueError("start/commit need a cache")
         prune = prune_last_layer and logits_slice is not None
         if prune and (self.config.shift_logits or not (attn_mask is None or isinstance(attn_mask, Tensor))):
@@ -272,7 +277,7 @@ class Transformer(nn.Module):
         cos, sin = self.rope_tables(positions, self.embed.weight.dtype) if rope is None else rope
         rows = logits_slice if prune else None
         x = (body or self.body)(input_ids, cos, sin, attn_mask, backend, cache, start, rows)  # (B, W or W', d)
-        if cache is not None and commit:
+        if cache is not None and commit and not gathered:
             cache.advance(start + W)
         if logits_slice is not None and not prune:
             x = x[:, logits_slice]

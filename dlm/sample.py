@@ -52,10 +52,10 @@ class StepView:
     sampler's live buffers, clone what you keep).
 
     block, step: block index and step within it; global_step: the value in ``commit_step``;
-    lo, hi: the block's columns; full: the step's forward covered every column (cache
-    refreshed); x: (B, T) sequence after the commit; logits: (B, hi - lo, V) the step's raw block
-    logits; commit: (B, hi - lo) bool, columns committed by the step; cache: the KVCache the
-    step's forward read (None without a cache).
+    lo, hi: the block's columns; refreshed: the policy's ``run.refreshed`` for the step (a bool,
+    or (B,) bool per row); x: (B, T) sequence after the commit; logits: (B, hi - lo, V) the step's
+    raw block logits; commit: (B, hi - lo) bool, columns committed by the step; cache: the KVCache
+    the step's forward read (None without a cache).
     """
 
     block: int
@@ -63,11 +63,18 @@ class StepView:
     global_step: int
     lo: int
     hi: int
-    full: bool
+    refreshed: bool | Tensor
     x: Tensor
     logits: Tensor
     commit: Tensor
     cache: Optional[KVCache]
+
+    @property
+    def full(self) -> bool:
+        """The step's forward covered every column of every row (cache refreshed); a host read
+        when the policy refreshes per row, so only a callback that asks pays it."""
+        r = self.refreshed
+        return r if isinstance(r, bool) else bool(r.all())
 
 
 Callback = Callable[[StepView], None]
@@ -138,6 +145,19 @@ class Run:
         st.row_flops += on * self._flops(q, k, n_head, copies)
         return flops
 
+    def forward_columns(self, columns: Tensor, attn, head: Optional[slice]) -> Tensor:
+        """Logits (B, |head|, V) of one forward over the cached answer ``columns`` (B, W) of each row
+        (a gathered window: each reads every other column from the cache; its K/V are written back);
+        counts 1 NFE, W positions per row and the window's FLOPs over all cached keys."""
+        B, W = columns.shape
+        keys = self.cache.length
+        n_head = 0 if head is None else len(range(W)[head])
+        flops = self._count(self.prompt_len, W, keys, n_head, 1)  # answer columns: all real, W per row
+        with self.timer(W, (keys, n_head), flops):
+            return self.model(self.x.gather(1, columns), positions=self.positions.gather(1, columns), attn_mask=attn,
+                              backend=self.backend, cache=self.cache, start=columns,
+                              logits_slice=slice(0, 0) if head is None else head)
+
     def new_cache(self) -> KVCache:
         self.cache = KVCache.for_model(self.model, self.x.shape[0], self.x.shape[1])
         return self.cache
@@ -184,7 +204,7 @@ def stop_ids(model) -> tuple[int, ...]:
 def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], policy, rule: CommitRule,
             proposal: Proposal = Proposal(), *, stop_at_eos: bool = False,
             generator: Optional[torch.Generator] = None, backend: str = "sdpa",
-            callback: Optional[Callback] = None) -> GenerateOutput:
+            callback: Optional[Callback] = None, timed: bool = False) -> GenerateOutput:
     """Decode ``blocks`` (absolute ``(lo, hi)`` columns, left to right) of ``batch.x`` in place.
 
     policy: a cache policy (``start(run)``, ``logits(run, lo, hi, i) -> (B, hi - lo, V)`` setting
@@ -192,6 +212,13 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     Returns :class:`GenerateOutput`; ``stats.extra`` holds ``flops``, ``blocks_run``, ``cache``,
     ``rule``, ``refreshes`` (steps whose forward recomputed every column) and ``hitting_time``
     for rules that record one.
+
+    timed: measure ``stats.forward_seconds`` and the per-kind seconds, synchronising CUDA before
+    and after every forward (benchmarks). Untimed (the default) the steps neither synchronise nor
+    read the device: the counters stay on it and are read once after the loop; the only host reads
+    are a dynamic rule's stop check (one per step) and ``stop_at_eos``'s (one per block). Either
+    way ``stats.seconds`` ends with one ``torch.cuda.synchronize`` on CUDA, or it would time the
+    launches only. Tokens and counts do not depend on ``timed``.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -204,15 +231,16 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     dev = x.device
     stats = SampleStats(extra={"cache": policy.name, "rule": rule.label, "flops": 0, "refreshes": 0})
     run = Run(model, x, batch.positions, batch.attention_mask, P, mid, tuple(blocks), backend, stats,
-              ForwardTimer(stats, dev))
+              ForwardTimer(stats, dev, timed))
     policy.start(run)
     stop_tuple = stop_ids(model)
     stops = torch.tensor(stop_tuple, dtype=torch.long, device=dev)
-    exclude = (mid,) + (stop_tuple if proposal.suppress_eos else ())
+    exclude = torch.tensor((mid,) + (stop_tuple if proposal.suppress_eos else ()), dtype=torch.long, device=dev)
     commit_step = torch.full((B, T), -1, dtype=torch.long, device=dev)
     hit_time = torch.full((B, T), -1.0, dtype=torch.float64, device=dev)
     first_eos = torch.full((B,), -1, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
+    refreshes = torch.zeros((), dtype=torch.long, device=dev)  # steps that refreshed every row, read at the end
     step = blocks_run = decoded = 0
     for b, (lo, hi) in enumerate(run.blocks):
         if stop_at_eos:  # finished rows ride along with an all-EOS block
@@ -232,9 +260,9 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
             run.active = eligible.any(-1)  # (B,) rows whose block still has [MASK] columns
             stats.row_steps += run.active
             logits = policy.logits(run, lo, hi, i)  # (B, L, V); sets run.refreshed
-            stats.row_refreshes += run.active & run.refreshed
-            full = bool(run.refreshed) if isinstance(run.refreshed, bool) else bool(run.refreshed.all())
-            stats.extra["refreshes"] += int(full)
+            refreshed = run.refreshed  # bool, or (B,) bool per row
+            stats.row_refreshes += run.active & refreshed
+            refreshes += refreshed if isinstance(refreshed, bool) else refreshed.all()
             if rule.selects_first(i):  # the rule picks the columns, the proposal samples only those
                 commit, state = rule.select(None, eligible, i, state, generator)  # (B, L) bool
                 x0, conf = proposal(logits, commit, generator, exclude, rule.confidence)
@@ -252,7 +280,7 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
                 hit = (commit & torch.isin(x0, stops)).any(-1)  # (B,)
                 first_eos = torch.where(hit & (first_eos < 0), step, first_eos)
             if callback is not None:
-                callback(StepView(b, i, step, lo, hi, full, x, logits, commit, run.cache))
+                callback(StepView(b, i, step, lo, hi, refreshed, x, logits, commit, run.cache))
             i += 1
             step += 1
         blocks_run, decoded = b + 1, hi - P
@@ -270,7 +298,9 @@ def denoise(model, batch: PreparedBatch, blocks: Sequence[tuple[int, int]], poli
     stats.tokens_until_eos = tokens_until_eos(x[:, P:], eos)
     stats.first_eos_step = first_eos
     stats.extra["blocks_run"] = blocks_run
+    stats.extra["refreshes"] = int(refreshes)  # the loop's one read of its counters
     if rule.records_time:
         stats.extra["hitting_time"] = hit_time[:, P:].tolist()
+    run.timer.sync()  # the call's queued work, once
     stats.seconds = time.perf_counter() - t_start
     return GenerateOutput(x, stats, commit_step[:, P:])

@@ -18,8 +18,12 @@ class SampleStats:
     positions_computed: sum over forwards of the query columns recomputed, per row (a padded
         batch computes the same columns for every row).
     tokens_until_eos: (B,) generated tokens up to and including the first EOS (gen length if none).
-    seconds: wall time of the call; forward_seconds: time inside model forwards
-        (synchronised on CUDA); the rest is the sampler's own overhead.
+    seconds: wall time of the call (on CUDA up to one ``torch.cuda.synchronize`` at its end, so
+        the queued work is in it). forward_seconds: time inside model forwards, measured only by
+        a *timed* call (``denoise(..., timed=True)``: a synchronisation before and after every
+        forward on CUDA, which serialises launch and compute); an untimed call (the default)
+        leaves it 0.0 and the per-kind seconds of ``forward_kinds`` 0.0, and then
+        ``overhead_seconds`` (the rest, the sampler's own overhead) is the whole call.
     steps: denoising steps taken (commit rounds); tokens_per_step = committed tokens / steps.
     row_*: (B,) the same costs per row, counted only while the row needs the forward (its block
         still has [MASK] columns, or it is not finished) and over its real (non-padding) columns,
@@ -27,7 +31,8 @@ class SampleStats:
         row_positions, row_flops, row_tokens (answer columns the row committed), row_refreshes
         (steps whose forward recomputed all of the row's columns: the cache policy's refreshes).
     forward_kinds: ``(query columns, key columns, LM-head columns) -> [forwards, seconds, FLOPs per
-        row]``: the forwards by shape (a block-start refresh, a cached window), for per-kind rooflines.
+        row]``: the forwards by shape (a block-start refresh, a cached window), for per-kind rooflines
+        (seconds 0.0 unless the call is timed; the counts and FLOPs always).
     """
 
     nfe: int = 0
@@ -65,10 +70,15 @@ class SampleStats:
 
 
 class ForwardTimer:
-    """Counts forwards and their time into a :class:`SampleStats`."""
+    """Counts forwards into a :class:`SampleStats`; ``timed``: also their time.
 
-    def __init__(self, stats: SampleStats, device: torch.device) -> None:
-        self.stats, self.cuda = stats, device.type == "cuda"
+    Untimed (the default) a forward is only counted: nothing waits for the device, so on CUDA the
+    host runs ahead of the kernels. Timed, each forward is bracketed by ``torch.cuda.synchronize``
+    (on CUDA) and its wall time added to ``forward_seconds`` and its kind's seconds."""
+
+    def __init__(self, stats: SampleStats, device: torch.device, timed: bool = False) -> None:
+        self.stats, self.device, self.timed = stats, device, timed
+        self.cuda = device.type == "cuda"
         self._t0 = 0.0
         self._kind: Optional[list] = None
 
@@ -83,15 +93,21 @@ class ForwardTimer:
             self._kind[0] += 1
         return self
 
-    def __enter__(self) -> "ForwardTimer":
+    def sync(self) -> None:
+        """Wait for the device's queued work (CUDA only)."""
         if self.cuda:
-            torch.cuda.synchronize()
-        self._t0 = time.perf_counter()
+            torch.cuda.synchronize(self.device)
+
+    def __enter__(self) -> "ForwardTimer":
+        if self.timed:
+            self.sync()
+            self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        if not self.timed:
+            return
+        self.sync()
         dt = time.perf_counter() - self._t0
         self.stats.forward_seconds += dt
         if self._kind is not None:

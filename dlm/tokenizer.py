@@ -18,7 +18,7 @@ special tokens by itself.
 This module knows no task: :func:`build_word_tokenizer` takes the vocabulary, the text whose
 pieces are always included (a prompt template's literal words) and the chat template as
 arguments. The embedded models' tokenizer (arithmetic words + the few-shot template) is
-:func:`dlm.tasks.tokenizer.build_tokenizer`.
+:func:`tasks.tokenizer.build_tokenizer`.
 """
 
 from __future__ import annotations

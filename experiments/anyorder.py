@@ -6,7 +6,7 @@ start (Sudoku, Countdown) and on the reversal task (the line after / before a me
 
 Test sets: 4x4 Sudoku from ``../shared/data/reasoning/sudoku`` (``d1_4x4_test_sudoku.csv``),
 Countdown with 3 numbers (``countdown/cd3_test.jsonl``), the reversal task's held-out poems
-(:mod:`dlm.tasks.reversal`, forward and reverse). Rows: the AR model decoded left to right with
+(:mod:`tasks.reversal`, forward and reverse). Rows: the AR model decoded left to right with
 its KV cache (``ar``); the diffusion model decoded as pure diffusion (one block, one token per
 step, most confident first: ``pure``) and semi-autoregressively (blocks of 8: ``semiar``), and,
 with ``--adapted``, the AR model continued as a diffusion model (Dream's recipe) decoded the same
@@ -27,11 +27,11 @@ from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sample import stop_ids
 from dlm.io import data_root
-from dlm.tasks import countdown, reversal, sudoku
-from dlm.tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
+from tasks import countdown, reversal, sudoku
+from tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
 from experiments.cli import markdown_table, parser, run_main, set_threads
 from experiments.common import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
-from experiments.strategy import Strategy
+from dlm.spec import Sampler, generate
 
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after": reversal.check,
          "reversal_before": reversal.check}
@@ -53,12 +53,12 @@ def test_set(name: str, n: int) -> list:
     return pairs[:n]
 
 
-def strategy(row: str, gen: int) -> Strategy:
+def strategy(row: str, gen: int) -> Sampler:
     """AR with its KV cache, or LLaDA's low-confidence decoding (one token per step) in one block
     (``pure``, ``dream``) or blocks of 8 (``semiar``, ``dreamsa``), whatever the model's family."""
     if row in ("ar", "arlong"):
-        return Strategy(row, "ar", "topk", gen, 1, stop_at_eos=True)
-    return Strategy(row, "none", "topk", gen, gen if row in ("pure", "dream") else 8, rules="llada")
+        return Sampler.of(row, policy="ar", gen_length=gen, block_length=1, stop_at_eos=True)
+    return Sampler.of(row, gen_length=gen, block_length=gen if row in ("pure", "dream") else 8, family="llada")
 
 
 @torch.no_grad()
@@ -69,7 +69,7 @@ def run_row(model, tok, pairs, check, row: str, gen: int, log: JsonlLog, batch_s
     for i in range(0, len(todo), batch_size):
         chunk = todo[i:i + batch_size]
         ids, mask = left_pad([tok.encode(p.prompt, add_special_tokens=False) for p in chunk], tok.pad_token_id)
-        out = s.run(model, ids, mask)
+        out = generate(model, ids, mask, s)
         P = ids.shape[1]
         recs = []
         for j, p in enumerate(chunk):

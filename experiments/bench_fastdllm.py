@@ -1,6 +1,6 @@
 """Fast-dLLM speed benchmark (Wu et al. 2025, Tab. 1/2 style): baseline vs caches vs parallel.
 
-One process runs, for each ``--gen-length``: the LLaDA baseline (``dlm.sampling.generate``, one
+One process runs, for each ``--gen-length``: the LLaDA baseline (``dlm.llada.generate``, one
 token per step), ``+prefix``, ``+dual`` (top-k, one token per step), ``+threshold`` (no cache),
 ``+prefix+threshold`` and ``+dual+threshold``, and prints wall time, measured speed-up over the
 baseline, the FLOP-count ideal speed-up (``dlm.stats.forward_flops`` summed over the forwards)
@@ -36,7 +36,7 @@ import torch
 import fastdllm
 from dlm.io import stable_json
 from dlm.model import Transformer
-from dlm.sampling import generate as baseline_generate
+from dlm.llada import generate as baseline_generate
 from dlm.compiled import compiled
 from experiments.cli import (add_run_args, at_least, device_of, dtype_of, markdown_table, parser, reading,
                              run_main, set_threads)
@@ -107,7 +107,7 @@ def variants(args):
 def run_one(model, ids, gen_length, args, kwargs):
     """One call of the variant (``kwargs`` None: the LLaDA baseline): its GenerateOutput."""
     steps = gen_length // args.steps_per_token
-    common = dict(gen_length=gen_length, block_length=args.block_length, backend=args.backend)
+    common = dict(gen_length=gen_length, block_length=args.block_length, backend=args.backend, timed=True)
     if kwargs is None:
         out = baseline_generate(model, ids, steps=steps, **common)
     else:

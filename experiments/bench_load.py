@@ -35,22 +35,23 @@ from experiments.cli import add_run_args, device_of, dtype_of, markdown_table, p
 from experiments.common import REPO, atomic_write_text, git_sha
 from experiments.roofline import call_floor, machine, sync
 from experiments.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
-from experiments.strategy import Strategy
+from dlm.spec import Sampler, generate
 
 STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")
 SHAPES = {"mid": RANDOM["mid"], "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64)}
 
 
-def strategy(name: str, gen: int, block: int, random_weights: bool) -> Strategy:
+def strategy(name: str, gen: int, block: int, random_weights: bool) -> Sampler:
     if name == "ar":
-        return Strategy("ar", "ar", "topk", gen, 1)
+        return Sampler.of("ar", policy="ar", gen_length=gen, block_length=1)
     if name == "baseline":
-        return Strategy("baseline", "none", "topk", gen, block)
+        return Sampler.of("baseline", gen_length=gen, block_length=block)
     if name == "dual_threshold":
         if random_weights:  # a random model is never confident: 4 tokens per step instead
-            return Strategy("dual_threshold", "dual", "topk", gen, block, steps=gen // 4)
-        return Strategy("dual_threshold", "dual", "threshold", gen, block, threshold=0.9)
-    return Strategy("bd3lm", "exact", "topk", gen, gen, top_p=1.0).for_bd3(16, "prompt")
+            return Sampler.of("dual_threshold", policy="dual", gen_length=gen, block_length=block, steps=gen // 4)
+        return Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=gen, block_length=block,
+                          threshold=0.9)
+    return Sampler.of("bd3lm", policy="exact", gen_length=gen, block_length=16, top_p=1.0)
 
 
 def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
@@ -63,7 +64,7 @@ def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
                  "bd3lm": ck / "bd3lm-arith-16"}
         loaded = {p: load_model(p, dtype=dtype, device=device) for p in set(paths.values())}
         tok = loaded[paths["baseline"]][1]
-        from dlm.tasks import generate_problems
+        from tasks import generate_problems
         from experiments.common import encode_question
 
         pool = [encode_question(tok, p.question, [], True) for p in generate_problems(n=64, split="test", seed=0)]
@@ -82,7 +83,7 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
     """Every strategy at every batch size; once a strategy's call takes over ``skip_after`` seconds
     its larger batches are skipped (listed in ``skipped``: the uncached baseline at the mid shape
     would take hours on one core)."""
-    from dlm.tasks.evaluate import left_pad
+    from tasks.evaluate import left_pad
 
     models, tok, pool = models_for(shape, device, dtype)
     hw = machine(device, dtype)
@@ -96,10 +97,10 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
                 continue
             ids, mask = left_pad([pool[i % len(pool)] for i in range(B)], pad)
             ids, mask = ids.to(device), mask.to(device)
-            s.run(model, ids[:1], mask[:1])  # warm-up
+            generate(model, ids[:1], mask[:1], s)  # warm-up
             sync(device)
             t0 = time.perf_counter()
-            out = s.run(model, ids, mask)
+            out = generate(model, ids, mask, s)
             sync(device)
             sec = time.perf_counter() - t0
             floor = call_floor(model, out.stats, B, hw)

@@ -22,7 +22,7 @@ import weakref
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from dlm.tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported)
+from tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported)
 from experiments.locks import (ResultsLockedError, acquire_lock, lock_file_of, release_lock,  # noqa: F401
                                results_lock)  # re-exported: callers import them from here
 
@@ -260,8 +260,8 @@ class JsonlLog:
 
 def arith_config_of(model_dir) -> "ArithConfig":
     """The task an embedded checkpoint was trained on (``config.json["extra"]["arith"]``), else
-    the default :class:`dlm.tasks.ArithConfig`."""
-    from dlm.tasks import ArithConfig
+    the default :class:`tasks.ArithConfig`."""
+    from tasks import ArithConfig
 
     cfg_file = Path(model_dir) / "config.json"
     extra = (json.loads(cfg_file.read_text()).get("extra") or {}) if cfg_file.is_file() else {}
@@ -275,10 +275,10 @@ def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool 
 
     With ``use_chat_template`` and a tokenizer that has ``chat_template``, the shots become
     alternating user / assistant turns and the question the last user turn (generation prompt
-    added); otherwise :func:`dlm.tasks.format_prompt`. No special tokens are added beyond what
+    added); otherwise :func:`tasks.format_prompt`. No special tokens are added beyond what
     the template writes.
     """
-    from dlm.tasks import format_prompt
+    from tasks import format_prompt
 
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         messages = []

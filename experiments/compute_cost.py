@@ -41,7 +41,7 @@ import numpy as np
 
 from dlm.io import stable_json
 from dlm.stats import forward_flops
-from fastdllm.dream import RULE_SETS
+from dlm import registry
 from experiments.cli import markdown_table, parser, run_main
 
 #: LLaDA-8B (Nie et al. 2025, Tab. 5): the default model of the table.
@@ -78,8 +78,8 @@ class CostModel:
         """From a :class:`dlm.model.ModelConfig` (same N as ``fastdllm.window_flops``); windows
         widen by one column only for a Dream-style model under ``rules="llada"``
         (:mod:`fastdllm.dream`: the Dream rules start them at the block)."""
-        if rules not in RULE_SETS:
-            raise ValueError(f"rules must be one of {RULE_SETS}, got {rules!r}")
+        if rules != "auto" and rules not in registry.names("family"):
+            raise ValueError(f"rules must be auto or a registered family {registry.names('family')}, got {rules!r}")
         return cls(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model,
                    cfg.vocab_size, bool(cfg.shift_logits) and rules == "llada")
 
@@ -135,7 +135,7 @@ def ar_forwards(prompt: int, gen: int) -> Forwards:
 
 
 def baseline_forwards(prompt: int, gen: int, block: int, steps_per_block: int) -> Forwards:
-    """``dlm.sampling.generate`` (= ``fastdllm.generate(cache=None)``): every step recomputes
+    """``dlm.llada.generate`` (= ``fastdllm.generate(cache=None)``): every step recomputes
     prompt + answer; the LM head runs on the current block."""
     T, nb, _ = _layout(prompt, gen, block, steps_per_block)
     return Forwards.cat((np.full(nb * steps_per_block, T), T, block))

@@ -40,8 +40,9 @@ from torch import Tensor
 from dlm.io import stable_json
 from dlm.cache import KVCache
 from dlm.commit import suppress_logits
-from dlm.sampling import check_blocks
-from fastdllm.dream import RULE_SETS, resolve_rules
+from dlm.validate import check_blocks
+from dlm import registry
+from dlm.spec import resolve_family
 from experiments.cli import parser, reading, run_main
 from experiments.common import REPO, arith_config_of, atomic_write_text, config_hash, git_sha
 
@@ -79,8 +80,9 @@ class DriftConfig:
     rules: str = "auto"  # fastdllm.dream: Dream rules for Dream-style models unless "llada"
 
     def __post_init__(self) -> None:
-        if self.rules not in RULE_SETS:
-            raise ValueError(f"rules must be one of {RULE_SETS}, got {self.rules!r}")
+        if self.rules != "auto" and self.rules not in registry.names("family"):
+            raise ValueError(f"rules must be auto or a registered family {registry.names('family')}, "
+                             f"got {self.rules!r}")
         if self.cache not in ("dual", "prefix"):
             raise ValueError(f"cache must be 'dual' or 'prefix', got {self.cache!r}")
         check_blocks(self.gen, self.block, self.gen if self.steps is None else self.steps)
@@ -151,7 +153,7 @@ def measure(model, input_ids: Tensor, cfg: DriftConfig, policy: Optional[dict] =
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be one prompt (1, P), got shape {tuple(input_ids.shape)}")
     mid = model.config.mask_token_id
-    shift = resolve_rules(cfg.rules, model) == "llada" and model.config.shift_logits  # window one column early
+    shift = resolve_family(cfg.rules, model.config) == "llada" and model.config.shift_logits  # window one column early
     T = input_ids.shape[1] + cfg.gen
     fresh = KVCache.for_model(model, 1, T)
     records = []
@@ -275,7 +277,7 @@ def prompts_for(model, tok, n: int, length: int, seed: int, arith=None) -> list[
     random non-special ids; (1, P) each."""
     if tok is not None:
         from experiments.generate import encode
-        from dlm.tasks.arith import ArithConfig, generate_problems
+        from tasks.arith import ArithConfig, generate_problems
 
         problems = generate_problems(arith or ArithConfig(), n=n, split="test", seed=seed)
         return [encode(model, tok, p.question)[1] for p in problems]

@@ -1,7 +1,7 @@
-"""The one evaluation path: a :class:`experiments.strategy.Strategy` over GSM8K-format problems,
+"""The one evaluation path: a :class:`dlm.spec.Sampler` over GSM8K-format problems,
 one record per sample, appended to a resumable log.
 
-:func:`evaluate` left-pads each batch of prompts, decodes it with ``strategy.run``, and writes one
+:func:`evaluate` left-pads each batch of prompts, decodes it with :func:`dlm.spec.generate`, and writes one
 record per problem (the format below) to a :class:`experiments.common.JsonlLog`; problems
 already in the log are skipped, and samples already there must come from the same config and
 weights (:func:`check_resumable`). The GSM8K harness, the testbed, the BD3-LM block-size study
@@ -34,10 +34,11 @@ import torch
 
 from dlm.sample import stop_ids
 from dlm.stats import tail_before_answer
-from dlm.tasks import Problem, extract_flexible, extract_strict, is_correct
-from dlm.tasks.evaluate import decode_until_stop, left_pad, length_batches, wilson_ci
+from tasks import Problem, extract_flexible, extract_strict, is_correct
+from tasks.evaluate import decode_until_stop, left_pad, length_batches, wilson_ci
 from experiments.common import JsonlLog, encode_question, git_sha, rank_log_paths, read_jsonl
-from experiments.strategy import Strategy, factors
+from dlm.spec import Sampler, generate
+from experiments.grids import factors
 
 
 def existing_records(path: Path) -> dict[str, dict]:
@@ -83,7 +84,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Problem], idx: Sequence[int], out, mask,
+def make_records(tokenizer, model, strategy: Sampler, problems: Sequence[Problem], idx: Sequence[int], out, mask,
                  seconds: float, tags: dict) -> list[dict]:
     """Per-sample records of one sampler call over the rows ``idx`` (indices into ``problems``)."""
     P, st = mask.shape[1], out.stats
@@ -111,7 +112,7 @@ def make_records(tokenizer, model, strategy: Strategy, problems: Sequence[Proble
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, log: Optional[JsonlLog] = None, *,
+def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Sampler, log: Optional[JsonlLog] = None, *,
              shots: Sequence[Problem] = (), chat_template: bool = False, batch_size: int = 32, seed: int = 0,
              config_hash: Optional[str] = None, weights: Optional[str] = None, tags: Optional[dict] = None,
              indices: Optional[Sequence[int]] = None, done: Optional[dict] = None,
@@ -131,8 +132,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
     model forward under ``torch.compile`` (:mod:`dlm.compiled`: same tokens, the first batches pay
     the compile time in their ``seconds``).
     """
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
+    if not isinstance(strategy, Sampler):
+        raise TypeError(f"strategy must be a dlm.spec.Sampler, got {type(strategy).__name__}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     done = dict(done or {})
@@ -165,7 +166,7 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, 
         gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + idx[0])
         _sync(device)
         t0 = clock()
-        out = strategy.run(model, ids, mask, generator=gen, callback=callback, compile=compile)  # (b, P + G)
+        out = generate(model, ids, mask, strategy, generator=gen, callback=callback, compile=compile)  # (b, P + G)
         _sync(device)
         seconds = (clock() - t0) / len(idx)
         fresh = [{**r, **tail} for r in make_records(tokenizer, model, strategy, problems, idx, out, mask,
@@ -185,6 +186,6 @@ def summary(records: Sequence[dict]) -> dict:
     return {"accuracy": k / max(n, 1), "ci": wilson_ci(k, n), "n": n, "records": list(records)}
 
 
-def score(model, tokenizer, problems: Sequence[Problem], strategy: Strategy, **kwargs) -> dict:
+def score(model, tokenizer, problems: Sequence[Problem], strategy: Sampler, **kwargs) -> dict:
     """:func:`summary` of :func:`evaluate` in memory (no log): held-out accuracy during training."""
     return summary(evaluate(model, tokenizer, problems, strategy, **kwargs))

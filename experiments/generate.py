@@ -4,24 +4,18 @@ Without ``--model`` it uses the embedded checkpoint in ``results/checkpoints/`` 
 ``bd3lm-arith-16`` for the block-diffusion cache) when present, else a tiny random model (so
 the command always runs, in seconds, on a CPU).
 
-The sampler is one :class:`experiments.strategy.Strategy` (the one loop
-:func:`dlm.sample.denoise` with a cache policy and a commit rule), chosen by flags:
+The sampler is one :class:`dlm.spec.Sampler` (the one loop :func:`dlm.sample.denoise` with a
+cache policy, a commit rule and the model's family), chosen by flags generated from the registry
+(:mod:`experiments.sampler_flags`): ``--policy`` and ``--rule`` (every registered name; the rule
+defaults to the one whose option is given, e.g. ``--threshold 0.9``, else ``topk``), ``--family``
+(default: read from the checkpoint), the lengths, and one flag per registered option. Every
+policy runs with every rule. LLaDA's sampler is the default (policy none, rule topk), Fast-dLLM's
+``--policy dual --threshold 0.9``, BD3-LM's ``--policy exact``.
 
-- ``--cache {none,prefix,dual,exact}`` and ``--rule {topk,threshold,factor,first_hitting,ancestral,dream}``
-  (the rule defaults to ``threshold`` / ``factor`` when ``--threshold`` / ``--factor`` is given,
-  else ``topk``), with ``--gen-length --block-length --steps --stop-at-eos --temperature
-  --remasking``; every cache runs with every rule; ``--rules`` picks whose block rules run
-  (default: Fast-dLLM's Dream rules for a Dream checkpoint), ``--rule dream`` is Dream's own
-  sampler (``--alg --alg-temp --eps --top-k``);
-- or a documented preset ``--strategy``: ``baseline`` (cache none, top-k: LLaDA's sampler,
-  :func:`dlm.sampling.generate`), ``fastdllm`` (``--cache none|prefix|dual`` with the top-k,
-  ``--threshold`` or ``--factor`` rule: :func:`fastdllm.generate`) or ``bd3lm`` (cache exact,
-  top-k: :func:`bd3lm.sample`).
-
-The block-diffusion cache (``exact``, preset ``bd3lm``) needs a BD3-LM checkpoint, loaded with
+A block-model policy (``exact``, ``block_causal``) needs a BD3-LM checkpoint, loaded with
 :meth:`bd3lm.BD3LM.load`: the block size and alignment come from the model
-(:meth:`Strategy.for_bd3`); ``--block-length`` may be omitted or must equal it. It proposes from
-BD3-LM's SUBS distribution (``top_p=1``), as :func:`bd3lm.sample` does.
+(:meth:`dlm.spec.Sampler.for_block_model`); ``--block-length`` may be omitted or must equal it.
+It proposes from BD3-LM's SUBS distribution (``top_p=1``), as :func:`bd3lm.sample` does.
 
 ``--stream`` prints each block of the answer as soon as it is final, for every cache policy, via
 the loop's per-step :class:`dlm.sample.StepView` callback: a block is final once it holds no
@@ -31,7 +25,6 @@ the loop's per-step :class:`dlm.sample.StepView` callback: a block is final once
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,19 +33,17 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from dlm import registry
 from dlm.checkpoints import load_model
 from dlm.sample import StepView
+from dlm.spec import Sampler, generate
 from experiments.cli import UserError, add_run_args, device_of, dtype_of, reading, run_main, set_threads
 from experiments.cli import parser as entry_parser
-from experiments.strategy import BLOCK_MODELS, Strategy
+from experiments.sampler_flags import add_sampler_args, sampler_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_BD3_MODEL = REPO / "results" / "checkpoints" / "bd3lm-arith-16"
-PRESETS = ("baseline", "fastdllm", "bd3lm")
-CACHES = ("none", "prefix", "dual", "exact")
-RULES = ("topk", "threshold", "factor", "first_hitting", "ancestral", "dream")
-DEFAULT_BLOCK = 32
 DEFAULT_PROMPT = "Ann has 3 apples. She buys 4 more. How many apples does Ann have?"  # in the embedded model's range
 
 #: on_block(block_index, tokens (B, n)): a block of the answer became final
@@ -63,7 +54,7 @@ BlockHook = Callable[[int, Tensor], None]
 def _tiny_random_model():
     """A random model with the embedded tokenizer (token ids from the tokenizer, not literals)."""
     from dlm.model import ModelConfig, Transformer
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     cfg = ModelConfig(vocab_size=len(tok), d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=128,
@@ -97,7 +88,7 @@ def load_block_model(model_arg: Optional[str], dtype="float32", device="cpu"):
 def encode(model, tok, prompt: str) -> tuple[str, Tensor]:
     """(prompt text, ids (1, P)): the few-shot format with a tokenizer, else one id per char."""
     if tok is not None:
-        from dlm.tasks.fewshot import format_prompt
+        from tasks.fewshot import format_prompt
 
         text = format_prompt(prompt) if "Question:" not in prompt else prompt
         return text, torch.tensor([tok.encode(text, add_special_tokens=False)])
@@ -160,96 +151,15 @@ class AnswerStream:
         self._show()
 
 
-# ------------------------------------------------------------------------------ the strategy
-def add_strategy_args(p: argparse.ArgumentParser) -> None:
-    """The sampler flags (shared with experiments/trace.py)."""
-    p.add_argument("--strategy", default=None, choices=PRESETS,
-                   help="preset: baseline (cache none, top-k), fastdllm (--cache none|prefix|dual, "
-                        "--threshold/--factor) or bd3lm (cache exact, top-k); default: --cache/--rule")
-    p.add_argument("--cache", default=None, choices=CACHES, help="cache policy (default none)")
-    p.add_argument("--rule", default=None, choices=RULES, metavar="RULE",
-                   help=f"commit rule: {', '.join(RULES)} (default: threshold / factor when its number is "
-                        "given, else topk)")
-    p.add_argument("--threshold", type=float, default=None, metavar="T", help="threshold rule's confidence")
-    p.add_argument("--factor", type=float, default=None, metavar="F", help="factor rule's number")
-    p.add_argument("--gen-length", type=int, default=64, metavar="G", help="answer tokens (default 64)")
-    p.add_argument("--block-length", type=int, default=None, metavar="L",
-                   help=f"block length (default {DEFAULT_BLOCK}; --cache exact: the model's)")
-    p.add_argument("--steps", type=int, default=None, metavar="S", help="top-k steps in all (default: G)")
-    p.add_argument("--stop-at-eos", action="store_true", help="stop after the block that holds EOS")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="Gumbel temperature (0: greedy)")
-    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
-    p.add_argument("--rules", default="auto", choices=["auto", "llada", "dream"],
-                   help="whose rules topk/threshold/factor follow: auto = Fast-dLLM's Dream rules for a Dream "
-                        "checkpoint, its LLaDA rules otherwise")
-    p.add_argument("--alg", default=None, choices=["origin", "maskgit_plus", "topk_margin", "entropy"],
-                   metavar="ALG", help="--rule dream: origin|maskgit_plus|topk_margin|entropy (default entropy)")
-    p.add_argument("--alg-temp", type=float, default=None, metavar="T", help="--rule dream: alg_temp")
-    p.add_argument("--eps", type=float, default=None, help="--rule dream: timestep floor (default 1e-3)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="--rule dream: top-k filter")
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The validated flags before the model is known: name, cache, rule and the rule's numbers."""
-
-    name: str
-    cache: str
-    rule: str
-    threshold: Optional[float]
-    factor: Optional[float]
-
-
-def choose(args) -> Choice:
-    """Preset or direct flags -> :class:`Choice`; ValueError on a contradiction."""
-    rule = args.rule or ("threshold" if args.threshold is not None else "factor" if args.factor is not None
-                         else "topk")
-    cache, preset = args.cache or "none", args.strategy
-    if preset == "baseline":
-        if cache != "none" or rule != "topk" or args.stop_at_eos:
-            raise ValueError("--strategy baseline is LLaDA's sampler (cache none, top-k, run to the end); "
-                             "use --cache/--rule/--stop-at-eos without a preset")
-    elif preset == "fastdllm":
-        if cache == "exact" or rule not in ("topk", "threshold", "factor"):
-            raise ValueError("--strategy fastdllm takes --cache none|prefix|dual and the topk/threshold/factor "
-                             "rule; other combinations: --cache/--rule without a preset")
-    elif preset == "bd3lm":
-        if cache not in ("none", "exact") or rule != "topk" or args.remasking != "low_confidence":
-            raise ValueError("--strategy bd3lm is BD3-LM's sampler (cache exact, low-confidence top-k); "
-                             "for other rules use --cache exact --rule ...")
-        cache = "exact"
-    name = preset or f"{cache}_{rule}"
-    return Choice(name, cache, rule, args.threshold, args.factor)
-
-
-def build_strategy(choice: Choice, args, block_model: Optional[tuple[int, str]] = None) -> Strategy:
-    """The :class:`Strategy` of ``choice`` and the numeric flags. block_model: the BD3-LM model's
-    ``(block_size, align)`` for the block-diffusion cache (None: ``--block-length``, prompt)."""
-    block = args.block_length
-    common = dict(gen_length=args.gen_length, steps=args.steps, threshold=choice.threshold, factor=choice.factor,
-                  temperature=args.temperature, remasking=args.remasking, stop_at_eos=args.stop_at_eos,
-                  rules=args.rules, alg=args.alg, alg_temp=args.alg_temp, eps=args.eps, top_k=args.top_k)
-    if choice.cache not in BLOCK_MODELS:
-        return Strategy(choice.name, choice.cache, choice.rule, block_length=block or DEFAULT_BLOCK, **common)
-    size, align = block_model or (block or DEFAULT_BLOCK, "prompt")
-    if block is not None and block != size:
-        raise ValueError(f"--block-length {block} differs from the BD3-LM model's block size {size} "
-                         "(omit it: the block size comes from the model)")
-    one_block = Strategy(choice.name, choice.cache, choice.rule, block_length=args.gen_length, top_p=1.0, **common)
-    return one_block.for_bd3(size, align)
-
-
-def label(s: Strategy) -> str:
-    """File-name friendly name, e.g. ``baseline``, ``fastdllm-dual-threshold0.9``, ``bd3lm``,
-    ``exact-threshold0.9-eos``."""
-    rule = (f"threshold{s.commit_rule().threshold:g}" if s.rule == "threshold"
-            else f"factor{s.commit_rule().factor:g}" if s.rule == "factor" else s.rule)
-    if s.name in ("baseline", "bd3lm"):
-        return s.name
-    if s.name == "fastdllm":
-        return f"fastdllm-{s.cache}" + ("" if s.rule == "topk" else f"-{rule}")
-    return ("baseline" if (s.cache, s.rule) == ("none", "topk") else f"{s.cache}-{rule}") + \
-        ("-eos" if s.stop_at_eos else "")
+# ------------------------------------------------------------------------------ the sampler
+def label(s: Sampler) -> str:
+    """File-name friendly name: ``baseline``, ``dual-threshold0.9``, ``exact-topk-eos``."""
+    rule_cls = registry.get("rule", s.rule)
+    values = {**{p.name: p.default for p in registry.user_params(rule_cls)}, **dict(s.options)}
+    numbers = "".join(f"{p.name}{values[p.name]:g}" for p in registry.user_params(rule_cls)
+                      if p.type in (int, float) and values[p.name] is not None)
+    name = "baseline" if (s.policy, s.rule) == ("none", "topk") else f"{s.policy}-{numbers or s.rule}"
+    return name + ("-eos" if s.stop_at_eos else "")
 
 
 @dataclass(frozen=True)
@@ -258,7 +168,7 @@ class Setup:
 
     model: torch.nn.Module
     tokenizer: object
-    strategy: Strategy
+    strategy: Sampler
     device: torch.device
 
     @property
@@ -266,41 +176,36 @@ class Setup:
         return label(self.strategy)
 
 
-def _flags(text: str) -> str:
-    """A strategy's field names in an error as this command's flags (``gen_length=`` -> ``--gen-length=``)."""
-    return re.sub(r"\b(gen_length|block_length|steps|threshold|factor|temperature|alg_temp|eps|top_k)\b(?==| must)",
-                  lambda m: "--" + m[1].replace("_", "-"), text)
-
-
 def setup(parser: argparse.ArgumentParser, args) -> Setup:
     """Validate the flags (argparse errors, before any loading when possible), set the threads,
-    load the model the cache needs and build the strategy."""
-    try:
-        choice = choose(args)
-        if choice.cache not in BLOCK_MODELS:
-            build_strategy(choice, args)
+    load the model the policy needs and build the sampler."""
+    block_model = registry.get("policy", args.policy).block_model
+    try:  # a block model's block size is known only once it is loaded: one block until then
+        sampler_from_args(args, block_model=(args.block_length or args.gen_length, "prompt") if block_model else None)
     except ValueError as e:
-        parser.error(_flags(str(e)))
+        parser.error(str(e))
     set_threads(args.threads)
     device = device_of(args.device)
     dtype = dtype_of(args.dtype, device)
-    if choice.cache in BLOCK_MODELS:
+    if block_model:
         try:
             with reading("--model", args.model or DEFAULT_BD3_MODEL):
-                model, tok, block_model = load_block_model(args.model, dtype, device)
+                model, tok, size_align = load_block_model(args.model, dtype, device)
         except UserError as e:  # e.g. a checkpoint without BD3-LM metadata
-            parser.error(f"--cache {choice.cache} needs a BD3-LM checkpoint: {e}")
+            parser.error(f"--policy {args.policy} needs a BD3-LM checkpoint: {e}")
     else:
         try:
             with reading("--model", args.model or DEFAULT_MODEL):
-                (model, tok), block_model = load(args.model, dtype, device), None
+                (model, tok), size_align = load(args.model, dtype, device), None
         except UserError as e:
             parser.error(str(e))
     try:
-        strategy = build_strategy(choice, args, block_model)
+        sampler = sampler_from_args(args, block_model=size_align)
+        if block_model and "top_p" not in dict(sampler.options):  # BD3-LM proposes from SUBS
+            sampler = sampler.with_(top_p=1.0)
     except ValueError as e:
-        parser.error(_flags(str(e)))
-    return Setup(model.to(device), tok, strategy, device)
+        parser.error(str(e))
+    return Setup(model.to(device), tok, sampler, device)
 
 
 def parser(name: str = "generate", doc: str = __doc__) -> argparse.ArgumentParser:
@@ -309,7 +214,7 @@ def parser(name: str = "generate", doc: str = __doc__) -> argparse.ArgumentParse
     add_run_args(p, model=None, dtype="float32",
                  model_help="checkpoint dir or hub id (default: the embedded model, else a tiny random one)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question (default: an embedded-task one)")
-    add_strategy_args(p)
+    add_sampler_args(p)
     return p
 
 
@@ -329,11 +234,11 @@ def main(argv=None) -> None:
         print(text if tok is not None else f"prompt ids: {ids[0].tolist()}\nanswer ids:", end="", flush=True)
         stream = AnswerStream(tok, model.config.eos_token_id, lambda s: print(s, end="", flush=True))
         final = FinalBlocks(model.config.mask_token_id, P, lambda b, blk: stream.push(blk[0].tolist()))
-        out = strategy.run(model, ids, generator=gen, callback=final, compile=args.compile)
+        out = generate(model, ids, None, strategy, generator=gen, callback=final, compile=args.compile)
         stream.finish(out.sequences[0, P:].tolist())
         print()
     else:
-        out = strategy.run(model, ids, generator=gen, compile=args.compile)
+        out = generate(model, ids, None, strategy, generator=gen, compile=args.compile)
     dt = time.perf_counter() - t0
     answer = out.sequences[0, P:]
     n = int(out.stats.tokens_until_eos[0])
@@ -345,8 +250,7 @@ def main(argv=None) -> None:
     print(f"[{run.label}: {n} tokens until EOS, {out.stats.nfe} forwards, {dt:.2f}s]")
 
 
-__all__ = ["AnswerStream", "FinalBlocks", "Setup", "add_strategy_args", "build_strategy", "choose", "encode",
-           "label", "load", "load_block_model", "main", "setup"]
+__all__ = ["AnswerStream", "FinalBlocks", "Setup", "encode", "label", "load", "load_block_model", "main", "setup"]
 
 if __name__ == "__main__":
     run_main(main)

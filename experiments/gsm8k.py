@@ -14,7 +14,7 @@ examples come from the arith train split, the Hub train split, or ``train.jsonl`
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
 user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``.
 
-Strategies (--strategies, names or grids from experiments/strategy.py; ``--list-strategies``
+Strategies (--strategies, names or grids from experiments/grids.py; ``--list-strategies``
 prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and rules and
 ``bd3lm``; grid ``factorial`` = the 24 ``abl_*`` cells of cache x parallel x stop_at_eos x block
 size. ``bd3lm`` runs its block-causal model from --bd3-model and is skipped with a message
@@ -53,14 +53,15 @@ from tqdm import tqdm
 
 from dlm.io import stable_json
 from dlm import distributed
-from dlm.tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
+from tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
 from experiments.cli import (DTYPES, add_list_flag, device_of, dtype_of, parser, reading, run_main,
                              set_threads)
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                                 git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
 from experiments.evaluate import check_resumable, check_same_problems, evaluate, existing_records
-from fastdllm.dream import RULE_SETS
-from experiments.strategy import STRATEGY_NAMES, Strategy, listing, resolve
+from dlm import registry
+from dlm.spec import Sampler, resolve_family
+from experiments.grids import listing, resolve, sampler_names
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_ARITH_N = 500
@@ -78,7 +79,7 @@ class HarnessConfig:
     seed: int
     chat_template: bool
     out: Path
-    strategies: tuple[Strategy, ...]
+    strategies: tuple[Sampler, ...]
     baseline: str
     bd3_model: Optional[str]
     device: str
@@ -129,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.9, metavar="T", help="threshold rule's tau (default 0.9)")
     p.add_argument("--factor", type=float, default=1.0, metavar="F", help="factor rule's f (default 1.0)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0)")
-    p.add_argument("--rules", default="auto", choices=list(RULE_SETS),
-                   help="whose block rules (auto: Dream's for Dream)")
+    p.add_argument("--family", default="auto", choices=("auto", *registry.names("family")),
+                   help="whose block rules and proposal run (auto: read from the model's config)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="results dir (default: new runs/gsm8k_<data>_<time>)")
     p.add_argument("--device", default=None, help="torch device (default cuda[:LOCAL_RANK], else cpu)")
@@ -162,14 +163,14 @@ def parse_config(argv=None) -> HarnessConfig:
     if a.bd3_context is not None and (a.bd3_model is None or a.bd3_context < 1):
         raise ValueError(f"--bd3-context must be >= 1 and needs --bd3-model, got {a.bd3_context}")
     numbers = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, threshold=a.threshold,
-                   factor=a.factor, temperature=a.temperature, rules=a.rules)
+                   factor=a.factor, temperature=a.temperature, family=a.family)
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
     except (TypeError, ValueError) as e:
         flags = ("--strategies / --gen-length / --block-length / --steps / --threshold / --factor / --temperature / "
-                 "--rules")
+                 "--family")
         raise ValueError(f"{'--' if str(e).startswith('strategies: unknown') else flags + ': '}{e}") from None
-    if a.baseline not in STRATEGY_NAMES:
+    if a.baseline not in sampler_names():
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
     if a.out is not None and Path(a.out).exists() and not Path(a.out).is_dir():
         raise ValueError(f"--out {a.out} is a file, not a results directory")
@@ -240,25 +241,25 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
 
 
 # --------------------------------------------------------------------------------------- jobs
-def is_bd3(s: Strategy) -> bool:
+def is_bd3(s: Sampler) -> bool:
     """Whether ``s`` decodes a block-diffusion (BD3-LM) model."""
-    return s.cache in ("exact", "block_causal")
+    return registry.get("policy", s.policy).block_model
 
 
 @dataclass(frozen=True)
 class Job:
     """Everything one strategy needs, validated before any compute."""
 
-    strategy: Strategy  # bound to the model (BD3-LM: its block size and alignment)
+    strategy: Sampler  # bound to the model (BD3-LM: its block size and alignment)
     loaded: Loaded
     config: dict
     config_hash: str
 
 
-def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, shots) -> Job:
+def make_job(strategy: Sampler, loaded: Loaded, cfg: HarnessConfig, problems, shots) -> Job:
     if loaded.bd3 is not None:
         try:
-            strategy = strategy.for_bd3(loaded.bd3.block_size, loaded.bd3.align)
+            strategy = strategy.for_block_model(loaded.bd3.block_size, loaded.bd3.align)
         except ValueError as e:
             raise ValueError(f"strategy {strategy.name} on --bd3-model {cfg.bd3_model}: {e}") from None
     chat = cfg.chat_template and bool(getattr(loaded.tokenizer, "chat_template", None))
@@ -268,15 +269,12 @@ def make_job(strategy: Strategy, loaded: Loaded, cfg: HarnessConfig, problems, s
         raise ValueError(f"--num-fewshot {cfg.num_fewshot} / --gen-length {strategy.gen_length}: the "
                          f"longest prompt ({longest} tokens) + gen length exceeds max_seq_len={limit} "
                          f"of {loaded.source}")
+    family = resolve_family(strategy.family, loaded.model.config)
     config = {"strategy": strategy.as_dict(), "model": str(loaded.source), "data": cfg.data,
               "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed,
-              "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch.")}  # auto resolved
-    if strategy.family(loaded.model) == "dream":  # the rules that ran (LLaDA's, the default, left out)
-        config["rules"] = "dream"
-    if loaded.bd3 is not None and cfg.bd3_context is not None:  # (left out at the default, as below)
-        config["bd3_context"] = cfg.bd3_context
-    if cfg.sort_prompts:  # batches of other rows (left out at the default: older results keep their hashes)
-        config["sort_prompts"] = True
+              "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),  # auto resolved
+              "family": family, "sampler": strategy.resolved(family),  # what ran, every default included
+              "bd3_context": cfg.bd3_context if loaded.bd3 is not None else None, "sort_prompts": cfg.sort_prompts}
     return Job(strategy, loaded, config, config_hash(config))
 
 

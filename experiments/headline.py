@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dlm.io import round_floats
-from dlm.tasks.evaluate import mcnemar_exact
+from tasks.evaluate import mcnemar_exact
 from experiments.cli import parser, run_main
 from experiments.common import REPO, read_jsonl, write_if_changed
 from experiments.perplexity_seeds import paired_ci

@@ -1,7 +1,7 @@
 """lm-evaluation-harness models ``fastdllm`` and ``bd3lm`` (needs ``pip install -e ".[eval]"``).
 
     python -m experiments.lm_eval_models --model fastdllm \\
-        --model_args pretrained=PATH,cache=dual,threshold=0.9,gen_length=256,block_length=32 \\
+        --model_args pretrained=PATH,policy=dual,threshold=0.9,gen_length=256,block_length=32 \\
         --tasks gsm8k_local --include_path experiments/lm_eval_tasks --batch_size 8
     python -m experiments.lm_eval_models --model bd3lm --model_args pretrained=BD3_PATH,gen_length=64 ...
 
@@ -10,11 +10,10 @@ plugin discovery, so the classes must be imported first; every lm-eval flag work
 In Python: ``import experiments.lm_eval_models`` and ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
 
 generate_until: the prompts of a batch are left padded and decoded by one
-:class:`experiments.strategy.Strategy` (``fastdllm``: ``strategy=NAME`` from the grids
-``table1`` / ``factorial``, or ``cache`` / ``threshold`` / ``factor`` / ``stop_at_eos`` for a
-custom one; a Dream checkpoint gets Fast-dLLM's Dream rules unless ``rules=llada``,
-:mod:`fastdllm.dream`; ``bd3lm``: the exact block-causal cache with the model's block size,
-:meth:`Strategy.for_bd3`); the text is cut at the first EOS / EoT and then at the
+:class:`dlm.spec.Sampler` (``fastdllm``: ``strategy=NAME`` from the grids, or any sampler field
+and registered option, e.g. ``policy=dual,threshold=0.9``, :mod:`experiments.sampler_flags`; a
+Dream checkpoint gets Fast-dLLM's Dream rules unless ``family=llada``; ``bd3lm``: the exact
+block-causal cache with the model's block size); the text is cut at the first EOS / EoT and then at the
 first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
 request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).
 Prompts longer than ``max_seq_len - gen_length`` keep their last tokens.
@@ -44,12 +43,15 @@ from lm_eval.api.registry import register_model
 from torch import Tensor
 from tqdm import tqdm
 
+from dlm import registry
 from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-exported)
-from dlm.sampling import eos_ids
-from dlm.tasks.evaluate import left_pad, length_batches, padding_waste
+from dlm.sample import stop_ids
+from dlm.spec import Sampler, generate
+from tasks.evaluate import left_pad, length_batches, padding_waste
 from experiments.cli import add_list_flag, dtype_of, parser, reading, run_main
 from experiments.common import apply_stop_strings, decode_until_stop
-from experiments.strategy import BLOCK_MODELS, STRATEGY_NAMES, Strategy, listing, resolve
+from experiments.grids import listing, resolve, sampler_names
+from experiments.sampler_flags import sampler_from_model_args
 
 
 def _positive(name: str, value) -> int:
@@ -87,9 +89,9 @@ def bd3_loglikelihood(model, block_size: int, prefix: Tensor, target: Tensor, mc
 class DiffusionEvalLM(LM):
     """Shared lm-eval plumbing. Subclasses set ``model``, ``tokenizer``, ``bd3`` before calling
     ``__init__`` and implement ``score(prefix, target) -> float`` and ``greedy(prefix, target)``.
-    ``call(model, input_ids, attention_mask, generator)`` decodes a batch (``strategy.run``)."""
+    ``call(model, input_ids, attention_mask, generator)`` decodes a batch (:func:`dlm.spec.generate`)."""
 
-    def __init__(self, strategy: Strategy, batch_size=1, mc_num: int = 128,
+    def __init__(self, strategy: Sampler, batch_size=1, mc_num: int = 128,
                  mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 0) -> None:
         super().__init__()
         self.batch_size = _positive("batch_size", batch_size)
@@ -98,10 +100,10 @@ class DiffusionEvalLM(LM):
             raise ValueError(f"mc_num={mc_num} must be a multiple of mc_batch_size={mc_batch_size}")
         if not isinstance(check_greedy, bool):
             raise ValueError(f"check_greedy must be true/false, got {check_greedy!r}")
-        if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be an experiments.strategy.Strategy, got {type(strategy).__name__}")
+        if not isinstance(strategy, Sampler):
+            raise TypeError(f"strategy must be a dlm.spec.Sampler, got {type(strategy).__name__}")
         self.strategy, self.check_greedy, self.seed = strategy, check_greedy, int(seed)
-        self.call = strategy.run  # validated when the strategy was built, before any compute
+        self.call = lambda model, ids, mask, gen: generate(model, ids, mask, strategy, generator=gen)
         if strategy.gen_length >= self.max_length:
             raise ValueError(f"gen_length={strategy.gen_length} leaves no room for a prompt in "
                              f"max_seq_len={self.max_length}")
@@ -151,7 +153,7 @@ class DiffusionEvalLM(LM):
         request order; the padding share is kept in ``self.padding_waste``."""
         G = self.strategy.gen_length
         keep = self.max_length - G
-        tok, stop = self.tokenizer, eos_ids(self.model)
+        tok, stop = self.tokenizer, stop_ids(self.model)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         prompts = [(tok.encode(r.args[0], add_special_tokens=False) or self._start_ids())[-keep:] for r in requests]
         lengths = [len(p) for p in prompts]
@@ -218,46 +220,35 @@ def _optional_int(value) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def fastdllm_strategy(strategy: Optional[str], cache: Optional[str], threshold: Optional[float],
-                      factor: Optional[float], gen_length, block_length, steps, temperature,
-                      stop_at_eos: bool, rules: str = "auto") -> Strategy:
-    """The :class:`Strategy` of the ``fastdllm`` model args: a named baseline / Fast-dLLM
-    strategy of the grids (built from the numbers), or a custom cache + rule. ``rules``: ``auto``
-    runs Fast-dLLM's Dream rules on a Dream checkpoint (:mod:`fastdllm.dream`), ``llada`` / ``dream``
-    force either."""
-    if threshold is not None and factor is not None:
-        raise ValueError("give at most one of threshold and factor")
-    numbers = dict(gen_length=int(gen_length), block_length=int(block_length), steps=_optional_int(steps),
-                   temperature=float(temperature), rules=rules)
+def fastdllm_sampler(strategy: Optional[str], model_args: dict) -> Sampler:
+    """The :class:`Sampler` of the ``fastdllm`` model args: a named sampler of the grids (built
+    from ``gen_length`` / ``block_length`` / ``steps`` / ``temperature`` / ``family``), or one
+    from sampler fields and registered options (:func:`experiments.sampler_flags.sampler_from_model_args`)."""
+    values = {"gen_length": 256, "block_length": 32, **model_args}
     if strategy is not None:
-        if strategy not in STRATEGY_NAMES:
-            raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategy, got {strategy!r}")
-        if cache is not None or threshold is not None or factor is not None or stop_at_eos:
-            raise ValueError("strategy=NAME fixes cache / rule / stop_at_eos; do not also pass them")
-        (named,) = resolve([strategy], threshold=0.9, factor=1.0, **numbers)
-        if named.cache in BLOCK_MODELS:
-            raise ValueError(f"strategy must be a baseline/fastdllm strategy of experiments.strategy, got {strategy!r}")
-        return named
-    if cache in BLOCK_MODELS:
-        raise ValueError(f"cache={cache!r} needs a BD3-LM model: use the bd3lm model of lm-eval")
-    rule = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
-    name = f"fastdllm_{cache or 'nocache'}_{rule}"
-    return Strategy(name, cache or "none", rule, threshold=threshold, factor=factor, stop_at_eos=bool(stop_at_eos),
-                    **numbers)
+        numbers = {"threshold": 0.9, "factor": 1.0, "steps": None, "temperature": 0.0, "family": "auto"}
+        numbers.update((k, v) for k, v in values.items() if k in (*numbers, "gen_length", "block_length"))
+        if set(values) - set(numbers):
+            raise ValueError(f"strategy=NAME fixes {', '.join(sorted(set(values) - set(numbers)))}; do not also pass them")
+        if strategy not in sampler_names():
+            raise ValueError(f"strategy must be a sampler name of experiments/grids.py, got {strategy!r}")
+        (named,) = resolve([strategy], **numbers)
+        sampler = named
+    else:
+        sampler = sampler_from_model_args(f"fastdllm_{values.get('policy', 'none')}", values)
+    if registry.get("policy", sampler.policy).block_model:
+        raise ValueError(f"policy {sampler.policy!r} needs a BD3-LM model: use the bd3lm model of lm-eval")
+    return sampler
 
 
 @register_model("fastdllm")
 class FastDLLMEvalLM(DiffusionEvalLM):
     """Bidirectional model (``dlm.load_model``) decoded by a baseline / Fast-dLLM strategy."""
 
-    def __init__(self, pretrained: str = "", strategy: Optional[str] = None, cache: Optional[str] = None,
-                 threshold: Optional[float] = None, factor: Optional[float] = None, gen_length: int = 256,
-                 block_length: int = 32, steps: Optional[int] = None, temperature: float = 0.0,
-                 stop_at_eos: bool = False, mc_num: int = 128, mc_batch_size: int = 32,
-                 check_greedy: bool = True, batch_size=1, max_batch_size=None, device: Optional[str] = None,
-                 dtype: str = "auto", seed: int = 0, rules: str = "auto") -> None:
-        strat = fastdllm_strategy(strategy, cache, threshold, factor, gen_length, block_length, steps,
-                                  temperature, stop_at_eos, rules)  # validates before loading
+    def __init__(self, pretrained: str = "", strategy: Optional[str] = None, mc_num: int = 128,
+                 mc_batch_size: int = 32, check_greedy: bool = True, batch_size=1, max_batch_size=None,
+                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0, **sampler) -> None:
+        strat = fastdllm_sampler(strategy, sampler)  # validates before loading
         from dlm.checkpoints import load_model
 
         dev, dt = _load(pretrained, dtype, device)
@@ -273,17 +264,17 @@ class FastDLLMEvalLM(DiffusionEvalLM):
         return mc_loglikelihood(self.model, prefix, target, self.mc_num, self.mc_batch_size, g)
 
     def greedy(self, prefix: Tensor, target: Tensor) -> bool:
-        from dlm.sampling import generate
+        from dlm.llada import generate as llada_generate
 
         L = target.numel()
-        out = generate(self.model, prefix[None].to(self._device), gen_length=L, steps=L, block_length=L)
+        out = llada_generate(self.model, prefix[None].to(self._device), gen_length=L, steps=L, block_length=L)
         return bool(torch.equal(out.sequences[0, prefix.numel():].cpu(), target))
 
 
 @register_model("bd3lm")
 class BD3LMEvalLM(DiffusionEvalLM):
     """Block-causal BD3-LM (``bd3lm.BD3LM.load``) decoded with the exact block-causal cache
-    (``Strategy(cache="exact")`` with the model's block size and alignment, top-k inside a block,
+    (``Sampler(policy="exact")`` with the model's block size and alignment, top-k inside a block,
     SUBS proposals as :func:`bd3lm.sample`)."""
 
     def __init__(self, pretrained: str = "", gen_length: int = 256, steps: Optional[int] = None,
@@ -298,10 +289,10 @@ class BD3LMEvalLM(DiffusionEvalLM):
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.model, self.bd3 = wrapper.model.eval(), wrapper.bd3_config
-        G = int(gen_length)  # one block of G until for_bd3 sets the model's block size
-        strat = Strategy("bd3lm", "exact", "topk", G, block_length=G, steps=_optional_int(steps),
-                         temperature=float(temperature), top_p=1.0, stop_at_eos=bool(stop_at_eos))
-        strat = strat.for_bd3(self.bd3.block_size, self.bd3.align)
+        G = int(gen_length)
+        strat = Sampler.of("bd3lm", policy="exact", gen_length=G, block_length=self.bd3.block_size,
+                           steps=_optional_int(steps), temperature=float(temperature), top_p=1.0,
+                           stop_at_eos=bool(stop_at_eos), align=self.bd3.align)
         super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed)
 
     def score(self, prefix: Tensor, target: Tensor) -> float:
@@ -327,8 +318,10 @@ def model_args_help() -> str:
         params = inspect.signature(cls.__init__).parameters.values()
         args = ", ".join(f"{p.name}={p.default!r}" for p in params if p.name not in ("self", "max_batch_size"))
         lines += textwrap.wrap(f"--model {name}: {args}", 78, initial_indent="  ", subsequent_indent="      ")
-    notes = ["strategy=NAME: a name of experiments/strategy.py (every name: --list-strategies); device: cuda "
-             "when available, else cpu.",
+    notes = ["strategy=NAME: a name of experiments/grids.py (every name: --list-strategies); otherwise any "
+             "sampler field (policy, rule, family, gen_length, block_length, steps, stop_at_eos) and any "
+             "registered option (the flags of python -m experiments.generate --help); device: cuda when "
+             "available, else cpu.",
              "Tasks: the embedded checkpoints (results/checkpoints/) are tiny models of procedural tasks (the "
              "GSM8K-format arithmetic 'arith' and its variants), which lm-eval does not have: score them with "
              "python -m experiments.gsm8k (its default --data arith). --tasks gsm8k is real GSM8K from the Hub; "

@@ -37,10 +37,10 @@ import numpy as np
 from dlm.io import round_floats, stable_json
 from experiments.cli import parser, run_main
 from experiments.common import atomic_write_text, read_jsonl
-from dlm.tasks.evaluate import mcnemar_exact
+from tasks.evaluate import mcnemar_exact
 from experiments.frontier import _fmt, frontier, render_frontier
 from experiments.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
-from experiments.strategy import STRATEGY_NAMES
+from experiments.grids import sampler_names
 
 FACTORS = ("cache", "parallel", "stop_at_eos", "block_length")
 
@@ -135,7 +135,7 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
         records = read_jsonl(path)
         if records:
             runs[path.stem] = sorted(records, key=lambda r: (r.get("index", 0), str(r["id"])))
-    order = list(STRATEGY_NAMES)
+    order = list(sampler_names())
     return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 

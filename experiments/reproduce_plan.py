@@ -22,7 +22,7 @@ BD3_STAGE2 = ("--batch-size", 16, "--steps", 1200, "--warmup", 30, "--fewshot-pr
 #: phase 3 of the LLaDA recipe (few-shot prompts in 60% of the batches), run as 600 + 900 steps
 LLADA_PHASE3 = ("--batch-size", 16, "--lr", 5e-4, "--warmup", 30, "--save-every", 100, "--fewshot-prob", 0.6,
                 "--response-lengths", 32, 64, 256, 512, "--response-probs", 0.3, 0.2, 0.4, 0.1)
-#: the loop task (``dlm.tasks.ArithConfig.loop``): 2-3 stated steps and one repeated subtraction, so
+#: the loop task (``tasks.ArithConfig.loop``): 2-3 stated steps and one repeated subtraction, so
 #: the answer's length is known only once the problem is solved
 LOOP_TASK = ("--min-steps-per-problem", 2, "--max-steps-per-problem", 3, "--loop", "--suffix-prob", 0.5,
              "--response-lengths", 64, 256, 512, "--response-probs", 0.5, 0.35, 0.15)

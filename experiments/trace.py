@@ -2,15 +2,15 @@
 
     python -m experiments.trace [--model DIR] [--strategy baseline|fastdllm|bd3lm] [--cache dual]
         [--rule threshold --threshold 0.9] [--gen-length 64 --block-length 16 --steps 64] [--out PNG]
-        [--replay [--delay 0.1]]
+        [--replay [--step-delay 0.1]]
 
 The sampler flags are those of ``python -m experiments.generate`` (one
-:class:`experiments.strategy.Strategy`: a cache policy and a commit rule, or a preset).
+:class:`dlm.spec.Sampler`: a cache policy and a commit rule, or a preset).
 Writes a positions x steps heatmap (``--out``, default ``results/trace_<label>.png``): cell
 (step s, position j) is coloured by the step that committed j once ``s >= commit_step[j]`` and
 left blank while j is still [MASK]; each token is annotated (decoded with the model's tokenizer,
 else its id) at the step that committed it; dashed lines mark block boundaries. ``--replay``
-prints the answer after every step with masks as ``_`` (no delay unless ``--delay``). The
+prints the answer after every step with masks as ``_`` (no delay unless ``--step-delay``). The
 trajectory is rebuilt from ``GenerateOutput.commit_step`` (:mod:`dlm.trace`): no sampler ever
 remasks a committed token. Without ``--model``: the embedded checkpoint if present, else a tiny
 random model (seconds on a CPU).
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dlm.spec import generate
 from dlm.trace import replay_lines, step_states, token_labels
 from experiments.common import atomic_write_text
 from experiments.cli import run_main
@@ -128,16 +129,16 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None, help="PNG path (default results/trace_<label>.png)")
     p.add_argument("--replay", action="store_true", help="print the answer after every step")
     p.add_argument("--replay-out", default=None, help="also write the replay (one line per step) to this file")
-    p.add_argument("--delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
     args = p.parse_args(argv)
-    if args.delay < 0:
-        p.error(f"--delay must be >= 0, got {args.delay}")
+    if args.step_delay < 0:
+        p.error(f"--step-delay must be >= 0, got {args.step_delay}")
     run = setup(p, args)
     model, tok, strategy = run.model, run.tokenizer, run.strategy
 
     _, ids = encode(model, tok, args.prompt)
     ids = ids.to(run.device)
-    out = strategy.run(model, ids, generator=torch.Generator(run.device).manual_seed(args.seed))
+    out = generate(model, ids, None, strategy, generator=torch.Generator(run.device).manual_seed(args.seed))
     P = ids.shape[1]
     answer, cs = out.sequences[0, P:].cpu(), out.commit_step[0].cpu()  # (G,), (G,)
     mid = model.config.mask_token_id
@@ -145,8 +146,8 @@ def main(argv=None) -> dict:
     if args.replay:
         for line in lines:
             print(line, flush=True)
-            if args.delay:
-                time.sleep(args.delay)
+            if args.step_delay:
+                time.sleep(args.step_delay)
     if args.replay_out:
         atomic_write_text(Path(args.replay_out), f"# {args.prompt}\n" + "".join(f"{x}\n" for x in lines))
     path = Path(args.out) if args.out else REPO / "results" / f"trace_{run.label}.png"

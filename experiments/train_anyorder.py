@@ -5,7 +5,7 @@ start" comparison, at embedded scale).
     python -m experiments.train_anyorder --task sudoku --objective ar --out runs/anyorder/sudoku-ar
     python -m experiments.train_anyorder --task sudoku --objective diffusion --out runs/anyorder/sudoku-mdm
 
-Both objectives see identical batches (:class:`dlm.tasks.pairs.PairBatches`: a prompt, the answer
+Both objectives see identical batches (:class:`tasks.pairs.PairBatches`: a prompt, the answer
 EOS-padded to the task's response length plus a random tail of 0 … ``--max-tail`` columns):
 ``ar`` is next-token cross-entropy on the answer under a causal mask
 (:class:`dlm.objectives.ARSFTLoss`), ``diffusion`` LLaDA's SFT loss with the uniform per-row
@@ -26,8 +26,8 @@ import torch
 
 from dlm.checkpoints import load_model, save_model
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
-from dlm.tasks import countdown, reversal, sudoku
-from dlm.tasks.pairs import PairBatches
+from tasks import countdown, reversal, sudoku
+from tasks.pairs import PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import add_shape_args, add_train_args, parser, reading, run_main, set_threads

@@ -36,12 +36,12 @@ import torch
 
 from bd3lm import BD3LM, ClipSchedule
 from dlm.checkpoints import load_model
-from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
+from tasks import fewshot_examples, generate_problems
+from tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import add_train_args, at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 from experiments.common import arith_config_of
 
 DEFAULT_INIT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -96,8 +96,8 @@ def main(argv=None) -> None:
 
     def eval_fn(m) -> dict:
         acc = {}
-        strategy = Strategy("bd3lm", "exact", gen_length=args.response_length, block_length=args.block_size,
-                            top_p=1.0, stop_at_eos=True)  # bd3lm.sample's defaults, one token per step
+        strategy = Sampler.of("bd3lm", policy="exact", gen_length=args.response_length, block_length=args.block_size,
+                              top_p=1.0, stop_at_eos=True)  # bd3lm.sample's defaults, one token per step
         for name, k_shots in (("acc", ()), ("acc_4shot", shots)):
             r = score(m, tok, held_out, strategy, batch_size=64, shots=k_shots)
             acc[name] = r["accuracy"]

@@ -14,8 +14,8 @@
     # runs/llada-arith/model (bf16) is what results/checkpoints/llada-arith holds
 
 SFT recipe (LLaDA guidelines): prompt never masked, the answer EOS-padded to the batch length
-and masked with p ~ U(eps, 1). Procedural GSM8K-format problems from ``dlm.tasks``; tokenizer
-from ``dlm.tasks.tokenizer`` (digits one by one). What made a 0.9M-parameter model learn on a CPU
+and masked with p ~ U(eps, 1). Procedural GSM8K-format problems from ``tasks``; tokenizer
+from ``tasks.tokenizer`` (digits one by one). What made a 0.9M-parameter model learn on a CPU
 budget: fp32 (bf16 autocast is ~10x slower on AVX2 CPUs), single-digit operands (a fixed answer
 layout), the ``uniform`` per-row loss weight instead of LLaDA's high-variance 1/t, a curriculum
 of short answers first, and a second phase with small batches of long EOS tails (a model
@@ -44,13 +44,13 @@ import torch
 from dlm.checkpoints import load_model, save_model
 from dlm.model import ModelConfig, Transformer
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
-from dlm.tasks import COT_STYLES, ArithConfig, generate_problems
-from dlm.tasks.sft_data import SFTBatches, SFTDataConfig
-from dlm.tasks.tokenizer import build_tokenizer
+from tasks import COT_STYLES, ArithConfig, generate_problems
+from tasks.sft_data import SFTBatches, SFTDataConfig
+from tasks.tokenizer import build_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
 from experiments.cli import add_shape_args, add_train_args, at_least, parser, reading, run_main, set_threads
 from experiments.evaluate import score
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 
 #: flags that may change when a run resumes (the others are its recipe; see the module docstring)
 RESUMABLE_FLAGS = ("out", "eval_every", "save_every", "force_recipe")
@@ -146,8 +146,8 @@ def main(argv=None) -> None:
     held_out = generate_problems(arith, 64, split="test", seed=12345)
 
     def eval_fn(m) -> dict:
-        semiar = score(m, tok, held_out, Strategy("semiar32", gen_length=64, block_length=32), batch_size=64)
-        pure = score(m, tok, held_out, Strategy("pure", gen_length=64, block_length=None), batch_size=64)
+        semiar = score(m, tok, held_out, Sampler.of("semiar32", gen_length=64, block_length=32), batch_size=64)
+        pure = score(m, tok, held_out, Sampler.of("pure", gen_length=64, block_length=None), batch_size=64)
         return {"acc_semiar64": semiar["accuracy"], "acc_pure64": pure["accuracy"]}
 
     t0 = time.time()

@@ -4,12 +4,14 @@ Wu et al. 2025, "Fast-dLLM: Training-free Acceleration of Diffusion LLM by Enabl
 Parallel Decoding" (the reference ``generate_with_prefix_cache`` / ``generate_with_dual_cache``
 before its torch.compile rewrite), as the one loop :func:`dlm.sample.denoise` with
 
-- a cache policy of :mod:`fastdllm.policies` (``None``: recompute everything, LLaDA's cost);
-- a commit rule of :mod:`dlm.commit`: LLaDA's top-k schedule (``steps`` split evenly over the
-  blocks), the threshold rule (Thm. 1 / eq. 5) or the factor rule (eq. 6); the parallel rules
+- a registered cache policy (``None``: recompute everything, LLaDA's cost; prefix / dual of
+  :mod:`fastdllm.policies`, or any other by name);
+- a commit rule: LLaDA's top-k schedule (``steps`` split evenly over the blocks), the threshold
+  rule (Thm. 1 / eq. 5) or the factor rule (eq. 6) of :mod:`fastdllm.rules`; the parallel rules
   run until the block has no [MASK] left.
 
-With ``cache=None`` and no rule this is exactly :func:`dlm.sampling.generate`. No sampler ever
+This entry keeps the paper's argument names: a thin preset over :func:`dlm.spec.generate`. With
+``cache=None`` and no rule it is exactly :func:`dlm.llada.generate`. No sampler ever
 proposes [MASK] (its logit is set to -inf), so every step commits at least one real token in each
 row whose block is unfinished and a parallel-decoded block takes at most ``block_length`` steps
 (the reference loops forever if a model proposes [MASK]; trained models never do).
@@ -22,12 +24,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dlm.sample import Callback, GenerateOutput, StepView, denoise  # noqa: F401  (StepView re-exported)
-from dlm.sampling import blocks_after
-from dlm.validate import check_blocks, prepare_batch
-
-from .dream import block_sampler, resolve_rules
-from .policies import cache_policy
+from dlm.sample import Callback, GenerateOutput
+from dlm.spec import Sampler
+from dlm.spec import generate as run_sampler
 
 
 def generate(
@@ -56,6 +55,7 @@ def generate(
     delay: Optional[int] = None,
     tolerance: Optional[float] = None,
     every_block: bool = True,
+    timed: bool = False,
 ) -> GenerateOutput:
     """Fast-dLLM generation for a (left-padded) prompt batch ``input_ids`` (B, P).
 
@@ -78,20 +78,17 @@ def generate(
 
     callback(view): called after every step with a :class:`dlm.sample.StepView` (observation only).
     ``stats.extra`` holds ``flops`` (:func:`dlm.stats.forward_flops` of all forwards),
-    ``blocks_run``, ``cache`` and ``rule``.
+    ``blocks_run``, ``cache`` and ``rule``; ``timed``: synchronised forward timings
+    (:func:`dlm.sample.denoise`).
     """
-    family = resolve_rules(rules, model)
-    policy = cache_policy(cache, refresh_every, at_block=family == "dream", delay=delay, tolerance=tolerance,
-                          every_block=every_block)
     if threshold is not None and factor is not None:
         raise ValueError("give at most one of threshold and factor, not both")
-    steps = gen_length if steps is None else steps
-    steps_per_block = check_blocks(gen_length, block_length, steps)
-    name = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
-    if family == "llada" and top_p is not None:
-        raise ValueError("top_p is an option of rules='dream' (Dream's proposal)")
-    rule, proposal = block_sampler(family, name, steps_per_block, threshold, factor, temperature, remasking,
-                                   top_p, top_k, eps, alg_temp, cache)
-    batch = prepare_batch(model, input_ids, attention_mask, gen_length, mask_id)
-    return denoise(model, batch, blocks_after(batch.prompt_len, gen_length, block_length), policy, rule,
-                   proposal, stop_at_eos=stop_at_eos, generator=generator, backend=backend, callback=callback)
+    rule = "threshold" if threshold is not None else "factor" if factor is not None else "topk"
+    options = dict(threshold=threshold, factor=factor, temperature=temperature, remasking=remasking,
+                   refresh_every=refresh_every, top_p=top_p, top_k=top_k, eps=eps, alg_temp=alg_temp, delay=delay,
+                   tolerance=tolerance, every_block=None if every_block else False)
+    sampler = Sampler.of("fastdllm", policy="none" if cache is None else cache, rule=rule, family=rules,
+                         gen_length=gen_length, block_length=block_length, steps=steps, stop_at_eos=stop_at_eos,
+                         **options)
+    return run_sampler(model, input_ids, attention_mask, sampler, generator=generator, callback=callback,
+                       backend=backend, mask_id=mask_id, timed=timed)

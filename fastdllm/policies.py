@@ -22,20 +22,15 @@ its first logit (:func:`window`). Under Fast-dLLM's Dream rules (:mod:`fastdllm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from torch import Tensor
 
-from dlm.commit import check_int
+from dlm.policy import CachePolicy
+from dlm.registry import param, register
 from dlm.sample import Run
-from dlm.sampling import FullSequence
 from dlm.stats import forward_flops
-
-from .adaptive import AdaptiveCache
-from .delayed import DelayedCache
-
-CACHE_MODES = (None, "prefix", "dual", "delayed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -67,20 +62,18 @@ def window(cache: str, lo: int, hi: int, seq_len: int, shift_logits: bool) -> Wi
     return Window(start, stop, slice(first, first + hi - lo))
 
 
+@register("policy", "prefix")
 @dataclass(frozen=True)
-class PrefixCache:
+class PrefixCache(CachePolicy):
     """Fig. 3a: cached steps recompute ``[lo, T)``; full refresh at each block start (and every
     ``refresh_every``-th step)."""
 
-    refresh_every: Optional[int] = None
-    at_block: bool = False  # windows start at the block even with shifted logits (Dream rules)
-    name = "prefix"
-
-    def __post_init__(self) -> None:
-        if self.refresh_every is not None:
-            check_int("refresh_every", self.refresh_every)
-        if not isinstance(self.at_block, bool):
-            raise TypeError(f"at_block must be a bool, got {type(self.at_block).__name__}")
+    refresh_every: Optional[int] = field(default=None, metadata=param(
+        "also refresh the whole cache every k-th step of a block", min=1, sweep=(2, 4, 8), tag="re"))
+    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
+    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    approximate = True
+    same_as = ("none", (("refresh_every", 1),))  # every step a full forward: the uncached computation
 
     def start(self, run: Run) -> None:
         run.new_cache()
@@ -88,9 +81,6 @@ class PrefixCache:
     def full_step(self, i: int) -> bool:
         """Whether step ``i`` of a block (0-based) runs the full committing forward."""
         return i == 0 or (self.refresh_every is not None and i % self.refresh_every == 0)
-
-    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
-        pass
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         T = run.x.shape[1]
@@ -104,38 +94,11 @@ class PrefixCache:
         return run.forward(w.start, w.stop, run.key_padding, w.logits_slice)  # (B, L, V)
 
 
+@register("policy", "dual")
 @dataclass(frozen=True)
 class DualCache(PrefixCache):
     """Fig. 3b: cached steps recompute only the block ``[lo, hi)``; prefix and suffix K/V from the
     last full forward."""
-
-    name = "dual"
-
-
-def cache_policy(cache: Optional[str], refresh_every: Optional[int] = None, at_block: bool = False, *,
-                 delay: Optional[int] = None, tolerance: Optional[float] = None, every_block: bool = True):
-    """The policy of ``cache`` (``CACHE_MODES``; None is :class:`dlm.sampling.FullSequence`);
-    ``at_block``: cached windows start at the block (Fast-dLLM's Dream rules); ``delay``: of
-    ``"delayed"`` (default 1); ``tolerance``, ``every_block``: of ``"adaptive"`` (default 0.1)."""
-    if cache not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    for knob, owner, given in (("delay", "delayed", delay is not None), ("tolerance", "adaptive", tolerance is not None),
-                               ("every_block", "adaptive", every_block is not True)):
-        if given and cache != owner:
-            raise ValueError(f"{knob} is an option of cache={owner!r}, not of {cache!r}")
-    if cache is None:
-        if refresh_every is not None:
-            check_int("refresh_every", refresh_every)
-            raise ValueError("refresh_every needs cache='prefix' or 'dual' (without a cache "
-                             "every forward is already a full one)")
-        return FullSequence()
-    if cache == "delayed":
-        return DelayedCache(1 if delay is None else delay, refresh_every, at_block)
-    if cache == "adaptive":
-        if refresh_every is not None:
-            raise ValueError("cache='adaptive' refreshes on drift (tolerance), not refresh_every")
-        return AdaptiveCache(0.1 if tolerance is None else tolerance, every_block=every_block, at_block=at_block)
-    return (PrefixCache if cache == "prefix" else DualCache)(refresh_every, at_block)
 
 
 def window_flops(config, q_len: int, k_len: int, head_positions: int) -> int:

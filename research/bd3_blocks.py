@@ -24,13 +24,13 @@ import torch
 from dlm.io import stable_json
 from bd3lm import BD3LM
 from dlm.checkpoints import weights_fingerprint
-from dlm.tasks import fewshot_examples, generate_problems
-from dlm.tasks.evaluate import wilson_ci
+from tasks import fewshot_examples, generate_problems
+from tasks.evaluate import wilson_ci
 from experiments.cli import set_threads
 from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
 from experiments.evaluate import evaluate
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 
 DEFAULT_MODELS = [str(REPO / "results" / "checkpoints" / f"bd3lm-arith-{b}") for b in (4, 8, 16)]
 
@@ -41,11 +41,11 @@ def sampler_kwargs(block_size: int, gen_length: int, use_cache: bool = True) -> 
                 use_cache=use_cache)
 
 
-def strategy(block_size: int, gen_length: int, use_cache: bool = True) -> Strategy:
+def strategy(block_size: int, gen_length: int, use_cache: bool = True) -> Sampler:
     """BD3-LM's sampler: exact cache (or the same attention uncached), one token per step,
     top-k on the SUBS probabilities, greedy, stop at the first block with EOS."""
-    return Strategy(f"L{block_size}", "exact" if use_cache else "block_causal", "topk", gen_length, block_size,
-                    steps=gen_length, top_p=1.0, stop_at_eos=True)
+    return Sampler.of(f"L{block_size}", policy="exact" if use_cache else "block_causal", gen_length=gen_length,
+                      block_length=block_size, steps=gen_length, top_p=1.0, stop_at_eos=True)
 
 
 def run(args) -> None:

@@ -34,8 +34,8 @@ import torch
 
 from dlm.io import stable_json
 from dlm.checkpoints import load_model
-from dlm.tasks import DEFAULT_TEMPLATE, generate_problems
-from dlm.tasks.sft_data import encode_prompt
+from tasks import DEFAULT_TEMPLATE, generate_problems
+from tasks.sft_data import encode_prompt
 from experiments.cli import set_threads
 from experiments.common import arith_config_of, atomic_write_text, git_sha, repo_relative
 from research.testbed import DEFAULT_MODEL

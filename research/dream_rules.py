@@ -21,22 +21,22 @@ import torch
 
 from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
-from dlm.tasks import generate_problems
-from dlm.tasks.evaluate import wilson_ci
+from tasks import generate_problems
+from tasks.evaluate import wilson_ci
 from experiments.cli import markdown_table, set_threads
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl, repo_relative,
                                 sample_shas)
 from experiments.evaluate import evaluate
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 
 RULE_SETS = ("dream", "llada")
 MODES = {"threshold": dict(rule="threshold", threshold=0.9), "topk": dict(rule="topk")}
 CACHES = ("none", "prefix", "dual")
 
 
-def strategies(gen_length: int = 256, block_length: int = 32) -> list[Strategy]:
-    return [Strategy(f"{rules}_{mode}_{cache}", cache, gen_length=gen_length, block_length=block_length,
-                     rules=rules, **kw)
+def strategies(gen_length: int = 256, block_length: int = 32) -> list[Sampler]:
+    return [Sampler.of(f"{rules}_{mode}_{cache}", policy=cache, gen_length=gen_length, block_length=block_length,
+                       family=rules, **kw)
             for rules in RULE_SETS for mode, kw in MODES.items() for cache in CACHES]
 
 
@@ -52,7 +52,7 @@ def run(args) -> None:
         config = {"strategy": s.as_dict(), "model": repo_relative(args.model), "n": n, "seed": args.seed}
         log = JsonlLog(out / f"{s.name}.jsonl")
         evaluate(model, tok, problems, s, log, batch_size=args.batch_size, seed=args.seed,
-                 config_hash=config_hash(config), weights=weights, tags={"rules": s.rules})
+                 config_hash=config_hash(config), weights=weights, tags={"rules": s.family})
         print(s.name, "done", flush=True)
     report(out)
 
@@ -71,14 +71,14 @@ def report(out: Path) -> None:
         k = sum(r["correct"] for r in recs.values())
         toks = sum(r["tokens_until_eos"] for r in recs.values())
         secs = sum(r["seconds"] for r in recs.values())
-        row = {"strategy": s.name, "rules": s.rules, "mode": s.rule, "cache": s.cache, "n": len(recs),
+        row = {"strategy": s.name, "rules": s.family, "mode": s.rule, "cache": s.policy, "n": len(recs),
                "accuracy": k / len(recs), "accuracy_ci": wilson_ci(k, len(recs)),
                "same_as_uncached": same / max(len(both), 1), "same_ci": wilson_ci(same, len(both)),
                "tokens_per_s": toks / secs if secs else None}
         rows.append(row)
         table.append([s.name, row["n"], f"{100 * row['accuracy']:.1f} [{100 * row['accuracy_ci'][0]:.1f}, "
                       f"{100 * row['accuracy_ci'][1]:.1f}]",
-                      "-" if s.cache == "none" else f"{100 * row['same_as_uncached']:.1f} "
+                      "-" if s.policy == "none" else f"{100 * row['same_as_uncached']:.1f} "
                       f"[{100 * row['same_ci'][0]:.1f}, {100 * row['same_ci'][1]:.1f}]",
                       f"{row['tokens_per_s']:.1f}"])
     md = ("# Dream-style model: Fast-dLLM's Dream rules vs its LLaDA rules, cached vs uncached\n\n"

@@ -30,15 +30,15 @@ import torch
 
 from dlm.io import stable_json
 from dlm.checkpoints import load_model, load_tokenizer, weights_fingerprint
-from dlm.tasks import (extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key,
+from tasks import (extract_strict, fewshot_examples, generate_problems, parse_chain, problem_key,
                        reasoning_lines)
-from dlm.tasks.evaluate import mcnemar_exact, wilson_ci
-from dlm.tasks.sft_data import encode_answer
+from tasks.evaluate import mcnemar_exact, wilson_ci
+from tasks.sft_data import encode_answer
 from experiments.cli import set_threads
 from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
 from experiments.evaluate import evaluate
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 CONFIGS = {
@@ -60,9 +60,9 @@ def sampler_kwargs(name: str, gen_length: int) -> dict:
     return dict(gen_length=gen_length, block_length=c["block"] or gen_length, steps=gen_length // c["div"])
 
 
-def strategy(name: str, gen_length: int) -> Strategy:
-    """The config ``name`` as a strategy: LLaDA's baseline (no cache, top-k, greedy)."""
-    return Strategy(name, "none", "topk", **sampler_kwargs(name, gen_length))
+def strategy(name: str, gen_length: int) -> Sampler:
+    """The config ``name`` as a sampler: LLaDA's baseline (no cache, top-k, greedy)."""
+    return Sampler.of(name, **sampler_kwargs(name, gen_length))
 
 
 def held_out_problems(args) -> list:

@@ -99,8 +99,8 @@ def prompts():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    """The embedded word-level tokenizer (:func:`dlm.tasks.tokenizer.build_tokenizer`)."""
-    from dlm.tasks.tokenizer import build_tokenizer
+    """The embedded word-level tokenizer (:func:`tasks.tokenizer.build_tokenizer`)."""
+    from tasks.tokenizer import build_tokenizer
 
     return build_tokenizer()
 

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from dlm.tasks import countdown, reversal, sudoku
+from tasks import countdown, reversal, sudoku
 from dlm.checkpoints import load_model
-from dlm.tasks.pairs import Pair, PairBatches
+from tasks.pairs import Pair, PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from experiments import anyorder
 

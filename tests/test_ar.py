@@ -6,7 +6,7 @@ import torch
 
 from dlm.attention import causal_mask
 from dlm.commit import add_gumbel_noise, suppress_logits
-from experiments.strategy import Strategy
+from dlm.spec import Sampler, generate
 from tiny import left_pad, tiny_model, unpad
 
 
@@ -32,23 +32,23 @@ def test_ar_cache_equals_uncached_causal_recomputation(shift, temperature):
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(4, 39, (n,), generator=g).tolist() for n in (5, 2, 7)]
     ids, am = left_pad(rows, model.config.pad_token_id)
-    s = Strategy("ar", "ar", "topk", 10, 1, temperature=temperature)
+    s = Sampler.of("ar", policy="ar", rule="topk", gen_length=10, block_length=1, temperature=temperature)
     for r in range(3):
         one = unpad(ids, am, r)
         ref = reference_ar(model, one, 10, temperature, torch.Generator().manual_seed(5))
-        out = s.run(model, one, generator=torch.Generator().manual_seed(5))
+        out = generate(model, one, None, s, generator=torch.Generator().manual_seed(5))
         assert torch.equal(out.sequences, ref), r
         prefill = one.shape[1] + int(shift)  # shifted logits: logit P needs column P in the prefill
         assert out.stats.nfe == 10 and out.stats.positions_computed == prefill + 9  # then 1 per step
     if temperature == 0:  # batch of 3 under left padding = 3 runs of one
-        batch = s.run(model, ids, am)
+        batch = generate(model, ids, am, s)
         for r in range(3):
-            one = s.run(model, unpad(ids, am, r)).sequences[0]
+            one = generate(model, unpad(ids, am, r), None, s).sequences[0]
             assert torch.equal(batch.sequences[r, -one.shape[0]:], one)
 
 
 def test_ar_needs_single_column_blocks():
     with pytest.raises(ValueError, match="block_length=1"):
-        Strategy("ar", "ar", "topk", 8, 4)
+        Sampler.of("ar", policy="ar", rule="topk", gen_length=8, block_length=4)
     with pytest.raises(ValueError, match="block_length=1"):
-        Strategy("ar", "ar", "threshold", 8, 1, threshold=0.9)
+        Sampler.of("ar", policy="ar", rule="threshold", gen_length=8, block_length=1, threshold=0.9)

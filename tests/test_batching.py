@@ -1,10 +1,10 @@
-"""Batches of similar prompt length (dlm.tasks.evaluate.length_batches / padding_waste); the
+"""Batches of similar prompt length (tasks.evaluate.length_batches / padding_waste); the
 harness's ``--sort-prompts`` is tested in test_gsm8k_harness.py, the lm-eval model's order in
 test_lm_eval.py."""
 
 import pytest
 
-from dlm.tasks.evaluate import length_batches, padding_waste
+from tasks.evaluate import length_batches, padding_waste
 
 
 def test_length_batches_brute_force():

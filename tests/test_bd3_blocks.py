@@ -15,7 +15,7 @@ from experiments.common import read_jsonl
 @pytest.fixture(scope="module")
 def bd3_ckpt(tmp_path_factory):
     from bd3lm import BD3Config, save_bd3
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     model = tokenizer_model(tok, max_seq_len=512)

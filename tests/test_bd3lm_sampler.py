@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bd3lm.sampler import sample, top_p_filter
+from bd3lm.sampler import sample
+from dlm.commit import top_p_filter
 from dlm.model import Transformer
 from tiny import left_pad, random_prompts, tiny_config, tiny_model
 

@@ -8,35 +8,35 @@ import math
 import pytest
 import torch
 
-from experiments.strategy import Strategy
-from fastdllm.adaptive import AdaptiveCache
-from fastdllm.delayed import DelayedCache
+from dlm.spec import Sampler, generate
+from methods.drift_cache import AdaptiveCache
+from methods.dkv_cache import DelayedCache
 from tiny import fastdllm_model, fastdllm_prompts, left_pad
 
 RULES = [dict(rule="topk"), dict(rule="threshold", threshold=0.3), dict(rule="factor", factor=2.0)]
-FAMILIES = [(False, "auto"), (True, "auto"), (True, "llada")]  # (Dream-style model, rules)
+FAMILIES = [(False, "auto"), (True, "auto"), (True, "llada")]  # (Dream-style model, family)
 
 
-def run(cache, model, ids, am, rules="auto", **kw):
-    s = Strategy("s", cache, gen_length=12, block_length=4, rules=rules, **kw)
-    return s.run(model, ids, am)
+def run(policy, model, ids, am, family="auto", **kw):
+    s = Sampler.of("s", policy=policy, gen_length=12, block_length=4, family=family, **kw)
+    return generate(model, ids, am, s)
 
 
 def same(a, b):
     assert torch.equal(a.sequences, b.sequences)
 
 
-@pytest.mark.parametrize("shift,rules", FAMILIES)
-def test_limits_equal_baseline_and_dual(shift, rules):
+@pytest.mark.parametrize("shift,family", FAMILIES)
+def test_limits_equal_baseline_and_dual(shift, family):
     model = fastdllm_model(n_layers=2, shift=shift)
     ids, am = fastdllm_prompts(padded=True)
     for r in RULES:
-        none = run("none", model, ids, am, rules, **r)
-        same(run("delayed", model, ids, am, rules, refresh_every=1, **r), none)
-        same(run("delayed", model, ids, am, rules, delay=10**9, **r), none)  # nothing ever settles
-        same(run("adaptive", model, ids, am, rules, tolerance=0.0, **r), none)  # refresh every step
-        dual = run("dual", model, ids, am, rules, **r)
-        same(run("adaptive", model, ids, am, rules, tolerance=math.inf, **r), dual)  # only at block starts
+        none = run("none", model, ids, am, family, **r)
+        same(run("delayed", model, ids, am, family, refresh_every=1, **r), none)
+        same(run("delayed", model, ids, am, family, delay=10**9, **r), none)  # nothing ever settles
+        same(run("adaptive", model, ids, am, family, tolerance=0.0, **r), none)  # refresh every step
+        dual = run("dual", model, ids, am, family, **r)
+        same(run("adaptive", model, ids, am, family, tolerance=math.inf, **r), dual)  # only at block starts
 
 
 @pytest.mark.parametrize("shift", [False, True])
@@ -97,9 +97,10 @@ def test_batch_equals_runs_of_one(shift):
     (lambda: AdaptiveCache("0.1"), TypeError, "tolerance"),
     (lambda: AdaptiveCache(0.1, probe_layer=1.0), TypeError, "probe_layer"),
     (lambda: AdaptiveCache(0.1, every_block=1), TypeError, "every_block"),
-    (lambda: Strategy("x", "dual", delay=2), ValueError, "delay"),
-    (lambda: Strategy("x", "prefix", tolerance=0.1), ValueError, "tolerance"),
-    (lambda: Strategy("x", "adaptive", refresh_every=2), ValueError, "refresh_every"),
+    (lambda: Sampler.of("x", policy="dual", delay=2), ValueError, "delay"),
+    # 0.2, not adaptive's default 0.1: an option set to its default is dropped (dlm.spec.Sampler.with_)
+    (lambda: Sampler.of("x", policy="prefix", tolerance=0.2), ValueError, "tolerance"),
+    (lambda: Sampler.of("x", policy="adaptive", refresh_every=2), ValueError, "refresh_every"),
 ])
 def test_bad_knobs_are_rejected(make, exc, word):
     with pytest.raises(exc, match=word):
@@ -115,10 +116,10 @@ def test_probe_layer_out_of_range_raises_before_any_forward():
     handle = model.register_forward_hook(lambda *a: calls.append(1))
     try:
         with pytest.raises(ValueError, match="probe_layer"):
-            import fastdllm.adaptive as ad
-            from dlm.commit import TopK
+            import methods.drift_cache as ad
+            from dlm.llada import TopK
             from dlm.sample import denoise
-            from dlm.sampling import blocks_after
+            from dlm.policy import blocks_after
             from dlm.validate import prepare_batch
             b = prepare_batch(model, ids, am, 8, None)
             denoise(model, b, blocks_after(b.prompt_len, 8, 4), ad.AdaptiveCache(0.1, probe_layer=2), TopK(4))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dlm.io import round_floats
-from dlm.tasks import ArithConfig, generate_problems, parse_chain
-from dlm.tasks.sft_data import encode_answer, encode_prompt
-from dlm.tasks.tokenizer import build_tokenizer
+from tasks import ArithConfig, generate_problems, parse_chain
+from tasks.sft_data import encode_answer, encode_prompt
+from tasks.tokenizer import build_tokenizer
 from research.chain_probe import PROBES, main, number_sites, probe_problem, probe_rows
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"

@@ -1,6 +1,8 @@
-"""Commit rules (:mod:`dlm.commit`) against brute-force references written with plain Python loops.
+"""The commit rules of the three papers (LLaDA's ``topk``, Fast-dLLM's ``threshold`` / ``factor``,
+BD3-LM's ``first_hitting`` / ``ancestral``) against brute-force references written with plain
+Python loops.
 
-Every rule of ``RULES`` is driven through the :class:`dlm.commit.CommitRule` interface exactly as
+Every one of them is driven through the :class:`dlm.commit.CommitRule` interface exactly as
 the one loop (:func:`dlm.sample.denoise`) drives it: ``block_steps`` -> ``begin`` -> ``select`` per
 step, with fresh confidences each step and committed columns leaving the eligible set. The random
 rules (first_hitting, ancestral) are replayed from a copy of the generator, so their references
@@ -16,9 +18,18 @@ from typing import NamedTuple, Optional
 import pytest
 import torch
 
-from dlm.commit import (RULES, Ancestral, Factor, FirstHitting, Proposal, Threshold, TopK, make_rule,
-                        num_transfer_tokens, propose, select_factor, select_threshold, select_topk,
-                        top_p_filter)
+from bd3lm.rules import Ancestral, FirstHitting
+from dlm import registry
+from dlm.commit import Proposal, num_transfer_tokens, propose, select_topk, top_p_filter
+from dlm.llada import TopK
+from fastdllm.rules import Factor, Threshold, select_factor, select_threshold
+
+PAPER_RULES = {"topk": TopK, "threshold": Threshold, "factor": Factor, "first_hitting": FirstHitting,
+               "ancestral": Ancestral}
+
+
+def make_rule(name: str, steps: int, **numbers):
+    return registry.build("rule", name, numbers, {"steps_per_block": steps})
 
 B, L = 6, 10  # rows, block width
 SEEDS = range(4)
@@ -120,9 +131,9 @@ def rule_id(rule) -> str:
     return f"{rule.name}-{rule.steps}" if hasattr(rule, "steps") else rule.label
 
 
-def test_every_rule_has_a_reference():
-    assert {type(r) for r in RULE_CASES} == set(RULES.values())
-    assert {r.name for r in RULE_CASES} == set(RULES)
+def test_every_rule_of_the_papers_has_a_reference_and_is_registered():
+    assert {type(r) for r in RULE_CASES} == set(PAPER_RULES.values())
+    assert {n: registry.get("rule", n) for n in PAPER_RULES} == PAPER_RULES
 
 
 class Step(NamedTuple):
@@ -322,8 +333,8 @@ def test_num_transfer_tokens_validates_steps(steps):
         num_transfer_tokens(torch.tensor([3, 7]), steps)
 
 
-def test_make_rule_refuses_unknown_names_and_foreign_options():
-    with pytest.raises(ValueError, match="rule"):
+def test_the_registry_refuses_unknown_names_and_foreign_options():
+    with pytest.raises(ValueError, match="rule 'greedy'"):
         make_rule("greedy", 4)
     with pytest.raises(ValueError, match="threshold"):
         make_rule("topk", 4, threshold=0.9)
@@ -331,10 +342,24 @@ def test_make_rule_refuses_unknown_names_and_foreign_options():
         make_rule("threshold", 4, factor=1.0)
 
 
-def test_make_rule_builds_each_rule_with_its_number():
+def test_the_registry_builds_each_rule_with_its_number():
     assert make_rule("topk", 4) == TopK(4)
     assert make_rule("ancestral", 4) == Ancestral(4)
     assert make_rule("threshold", 4, threshold=0.7) == Threshold(0.7)
     assert make_rule("factor", 4, factor=2.0) == Factor(2.0)
     assert make_rule("first_hitting", 4) == FirstHitting()
-    assert {type(make_rule(n, 4)) for n in RULES} == set(RULES.values())
+    assert {type(make_rule(n, 4)) for n in PAPER_RULES} == set(PAPER_RULES.values())
+
+
+def test_neg_entropy_confidence_is_minus_the_entropy_of_the_proposal_distribution():
+    """``propose(..., "neg_entropy")``: sum_v p_v log p_v over the ids not excluded, by loops."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 3, 7, generator=g)
+    x0, conf = propose(logits, 0.0, "neg_entropy", None, (6,))
+    for b in range(2):
+        for t in range(3):
+            row = logits[b, t, :6].double()
+            z = sum(math.exp(v) for v in row.tolist())
+            want = sum((math.exp(v) / z) * (v - math.log(z)) for v in row.tolist())
+            assert conf[b, t].item() == pytest.approx(want, rel=1e-12)
+            assert x0[b, t].item() == int(row.argmax())

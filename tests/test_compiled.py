@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dlm.compiled import compiled
-from experiments.strategy import Strategy
+from dlm.spec import Sampler, generate
 from tests.tiny import random_prompts, tiny_model
 
 
@@ -17,13 +17,13 @@ def test_compiled_decode_gives_the_eager_tokens():
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
     ids = ids.masked_fill(mask == 0, model.config.pad_token_id)
-    rows = [Strategy("baseline", "none", "topk", 16, 8),
-            Strategy("dual_threshold", "dual", "threshold", 16, 8, threshold=0.2),
-            Strategy("prefix", "prefix", "topk", 16, 8, steps=8),
-            Strategy("ar", "ar", "topk", 16, 1)]
+    rows = [Sampler.of("baseline", policy="none", rule="topk", gen_length=16, block_length=8),
+            Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=16, block_length=8, threshold=0.2),
+            Sampler.of("prefix", policy="prefix", rule="topk", gen_length=16, block_length=8, steps=8),
+            Sampler.of("ar", policy="ar", rule="topk", gen_length=16, block_length=1)]
     for s in rows:
-        eager = s.run(model, ids, mask)
-        fast = s.run(model, ids, mask, compile=True)
+        eager = generate(model, ids, mask, s)
+        fast = generate(model, ids, mask, s, compile=True)
         assert torch.equal(fast.sequences, eager.sequences), s.name
         assert fast.stats.nfe == eager.stats.nfe
     assert compiled(model) is compiled(model)  # one wrapper per model: its graphs are reused
@@ -32,6 +32,7 @@ def test_compiled_decode_gives_the_eager_tokens():
 def test_compile_flag_is_checked_before_compute():
     model = tiny_model()
     with pytest.raises(TypeError, match="compile"):
-        Strategy("baseline", "none", "topk", 8, 8).run(model, random_prompts(1, 4, model.config), compile="yes")
+        generate(model, random_prompts(1, 4, model.config), None,
+                 Sampler.of("baseline", policy="none", rule="topk", gen_length=8, block_length=8), compile="yes")
     with pytest.raises(TypeError, match="model"):
         compiled(object())

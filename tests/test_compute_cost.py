@@ -16,7 +16,7 @@ import bd3lm
 import fastdllm
 from dlm.attention import causal_mask
 from dlm.cache import KVCache
-from dlm.sampling import generate as baseline_generate
+from dlm.llada import generate as baseline_generate
 from dlm.stats import forward_flops
 from experiments import compute_cost as cc
 from tiny import random_prompts, tiny_model

@@ -1,13 +1,16 @@
-"""The sampler contract, once for every strategy (:class:`experiments.strategy.Strategy`).
+"""The sampler contract, once for every registered cache policy and commit rule (:mod:`dlm.registry`).
 
-Strategies: cache policy x commit rule x stop_at_eos, every combination the design allows:
-``none`` / ``prefix`` / ``dual`` on the tiny bidirectional models (LLaDA layout and Dream's
-shifted logits) and ``exact`` / ``block_causal`` on the tiny LLaDA model used block-causally, each
-with topk / threshold / factor / first_hitting / ancestral, with and without ``stop_at_eos``.
+Samplers (:class:`dlm.spec.Sampler`): policy x rule x stop_at_eos, every combination the registry
+allows, read from it: the policies that are not block models on the tiny bidirectional models
+(LLaDA layout and Dream's shifted logits), the block-model policies on the tiny LLaDA model used
+block-causally, each with every registered rule at its ``probe`` values, with and without
+``stop_at_eos``. A policy whose ``check`` refuses the block length or rule (``ar``: one column
+per step, ``tests/test_ar.py``) is left out. A new rule or policy is in the grid by registering.
 
-(a) a left-padded batch of N equals N batches of 1, token for token (greedy rules);
-(b) cached == uncached where the design promises it: ``exact`` == ``block_causal``, and
-    ``prefix`` / ``dual`` with ``refresh_every=1`` == ``none``;
+(a) a left-padded batch of N equals N batches of 1, token for token (rules that draw nothing at
+    temperature 0);
+(b) cached == uncached where a policy promises it (its ``same_as``: ``exact`` == ``block_causal``,
+    ``prefix`` / ``dual`` / ``delayed`` with ``refresh_every=1`` == ``none``);
 (c) a callback that only reads changes nothing;
 (d) same seed, same tokens at temperature > 0; the generator is the only source of randomness;
 (e) bad input raises ValueError / TypeError before any forward.
@@ -27,28 +30,44 @@ import torch
 
 import bd3lm
 import fastdllm
-from dlm.commit import RULES
-from dlm.sampling import generate
-from experiments.strategy import BLOCK_MODELS, POLICIES, Strategy
+from dlm import registry
+from dlm.llada import generate
+from dlm.spec import Sampler, generate as run
 from tiny import tiny_config, unpad
 
 G, L = 8, 4  # gen_length, block_length: two blocks
 MASK = tiny_config().mask_token_id
 EOS = 16  # a token the tiny models propose often, so stop_at_eos stops some rows and not others
-RULE_NUMBERS = {"topk": {}, "threshold": {"threshold": 0.2}, "factor": {"factor": 2.5}, "first_hitting": {},
-                "ancestral": {}}
-GREEDY_RULES = ("topk", "threshold", "factor")  # no draw from the generator at temperature 0
-FULL_CACHES = ("none", "prefix", "dual", "delayed", "adaptive")  # bidirectional models
-MODELS = {"llada": FULL_CACHES + BLOCK_MODELS, "dream": FULL_CACHES}  # Dream is no block-diffusion model
+RULES = registry.names("rule")
+POLICIES = registry.names("policy")
+RULE_NUMBERS = {r: {p.name: p.probe for p in registry.user_params(registry.get("rule", r)) if p.probe is not None}
+                for r in RULES}
 
 
-def _cases(rules=tuple(RULES), caches=None, models=tuple(MODELS)):
+def _runs(policy: str, rule: str) -> bool:
+    try:
+        registry.get("policy", policy).check(L, rule)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_block_model(policy: str) -> bool:
+    return registry.get("policy", policy).block_model
+
+
+GREEDY_RULES = tuple(r for r in RULES if not Sampler.of("g", rule=r, gen_length=G, block_length=L,
+                                                         **RULE_NUMBERS[r]).components("llada")[1].random)
+MODELS = {"llada": POLICIES, "dream": tuple(p for p in POLICIES if not _is_block_model(p))}  # Dream: no block model
+
+
+def _cases(rules=RULES, caches=None, models=tuple(MODELS)):
     """pytest params (model, cache, rule, stop) for every allowed strategy."""
     out = []
     for model in models:
         allowed = MODELS[model]
         for cache, rule, stop in itertools.product(allowed, rules, (False, True)):
-            if caches is None or cache in caches:
+            if (caches is None or cache in caches) and _runs(cache, rule):
                 name = f"{model}-{cache}-{rule}-{'eos' if stop else 'noeos'}"
                 out.append(pytest.param(model, cache, rule, stop, id=name))
     return out
@@ -58,10 +77,16 @@ ALL = _cases()
 LLADA = _cases(models=("llada",))  # (c), (d): Dream's window shift draws nothing and calls back the same way
 
 
-def strategy(cache: str, rule: str, stop: bool, **kw) -> Strategy:
-    block = 1 if cache == "ar" else L  # AR decodes one column per block
-    return Strategy(f"{cache}_{rule}", cache, rule, gen_length=G, block_length=block, stop_at_eos=stop,
-                    **RULE_NUMBERS[rule], **kw)
+class strategy:
+    """``strategy(policy, rule, stop, **options).run(model, ids, am, ...)``: the sampler of a case."""
+
+    def __init__(self, cache: str, rule: str, stop: bool, **kw) -> None:
+        self.sampler = Sampler.of(f"{cache}_{rule}", policy=cache, rule=rule, gen_length=G,
+                                  block_length=1 if cache == "ar" else L, stop_at_eos=stop,
+                                  **{**RULE_NUMBERS[rule], **kw})
+
+    def run(self, model, ids, am=None, **kw):
+        return run(model, ids, am, self.sampler, **kw)
 
 
 def with_eos(m):
@@ -107,9 +132,13 @@ def no_forward(model):
 
 
 def test_the_grid_covers_every_policy_and_rule():
-    assert set(RULE_NUMBERS) == set(RULES)
-    assert set(FULL_CACHES + BLOCK_MODELS + ("ar",)) == set(POLICIES)  # ar: one column per step, tests/test_ar.py
-    assert len(ALL) == (7 + 5) * len(RULES) * 2
+    covered = {(c.values[1], c.values[2]) for c in ALL}
+    assert {r for _, r in covered} == set(RULES)
+    assert {p for p, _ in covered} == {p for p in POLICIES if any(_runs(p, r) for r in RULES)}
+    assert {p for p in POLICIES if not any(_runs(p, r) for r in RULES)} <= {"ar"}  # ar: tests/test_ar.py
+    n_runs = sum(_runs(p, r) for p in POLICIES for r in RULES)
+    n_dream = sum(_runs(p, r) for p in MODELS["dream"] for r in RULES)
+    assert len(ALL) == (n_runs + n_dream) * 2
 
 
 def test_stop_at_eos_is_exercised(tiny_model, tiny_dream, prompts):
@@ -148,23 +177,26 @@ def test_batch_equals_rows_alone(model, prompts, cache, rule, stop):
 
 
 # ------------------------------------------------------------------------------ (b) cached == uncached
-def _reference(cache: str) -> str:
-    return "block_causal" if cache == "exact" else "none"
+SAME_AS = {p: registry.get("policy", p).same_as for p in POLICIES if registry.get("policy", p).same_as}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("model,cache,rule,stop", _cases(caches=("prefix", "dual", "exact")),
-                         indirect=["model"])
+@pytest.mark.parametrize("model,cache,rule,stop", _cases(caches=tuple(SAME_AS)), indirect=["model"])
 def test_cached_equals_uncached(model, prompts, cache, rule, stop, temperature):
     ids, am = prompts
-    refresh = {} if cache == "exact" else {"refresh_every": 1}
-    cached = strategy(cache, rule, stop, temperature=temperature, **refresh).run(model, ids, am, generator=seeded(3))
-    ref = strategy(_reference(cache), rule, stop, temperature=temperature).run(model, ids, am, generator=seeded(3))
+    reference, options = SAME_AS[cache]
+    cached = strategy(cache, rule, stop, temperature=temperature, **dict(options)).run(model, ids, am,
+                                                                                       generator=seeded(3))
+    ref = strategy(reference, rule, stop, temperature=temperature).run(model, ids, am, generator=seeded(3))
     same_tokens(cached, ref)
     assert cached.stats.steps == ref.stats.steps
     assert not (cached.sequences == MASK).any()
-    if cache == "exact":  # the cache saves work
+    if not options:  # the cache itself is exact: it saves work
         assert cached.stats.positions_computed < ref.stats.positions_computed
+
+
+def test_the_exactness_promises_cover_the_papers_caches():
+    assert {"prefix", "dual", "delayed", "exact"} <= set(SAME_AS)
 
 
 # ------------------------------------------------------------------------------ (c) read-only callback
@@ -238,9 +270,9 @@ def test_strategy_run_refuses_non_matrix_input_ids(tiny_model, cache, ids):
 ])
 @pytest.mark.parametrize("cache", tuple(POLICIES))
 def test_bad_strategy_numbers_raise_at_construction(cache, kwargs, word):
-    base = dict(name="bad", cache=cache, rule="topk", gen_length=G, block_length=1 if cache == "ar" else L)
+    base = dict(policy=cache, rule="topk", gen_length=G, block_length=1 if cache == "ar" else L)
     with pytest.raises(ValueError, match=word):
-        Strategy(**{**base, **kwargs})
+        Sampler.of("bad", **{**base, **kwargs})
 
 
 ENTRIES = {  # the thin entries with the same bad numbers

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import fastdllm
 from dlm.attention import key_padding_mask
 from dlm.cache import KVCache
-from dlm.dream import DreamProposal, DreamSchedule, generate as dream_generate, sample_tokens
+from dream.sampler import DreamProposal, DreamSchedule, generate as dream_generate, sample_tokens
 from experiments.strategy import Strategy
 from tiny import fastdllm_model, fastdllm_prompts, unpad
 

@@ -79,7 +79,7 @@ def test_user_errors_are_one_line_naming_the_flag_or_path(tmp_path, capsys, monk
              ("generate", ["--gen-length", "abc"], ["--gen-length", "abc"]),
              ("generate", ["--gen-length", "0"], ["--gen-length"]),
              ("generate", ["--gen-length", "100", "--block-length", "32"], ["--gen-length", "--block-length"]),
-             ("trace", ["--delay", "-1", "--out", str(tmp_path / "t.png")], ["--delay"]),
+             ("trace", ["--step-delay", "-1", "--out", str(tmp_path / "t.png")], ["--step-delay"]),
              ("gsm8k", ["--data", str(missing / "test.jsonl")], ["--data", str(missing / "test.jsonl")]),
              ("gsm8k", ["--out", str(afile)], ["--out", str(afile)]),
              ("gsm8k", ["--limit", "0"], ["--limit"]),
@@ -129,14 +129,14 @@ def test_bugs_keep_their_traceback(monkeypatch):
 
 def test_list_strategies_instead_of_a_long_help(capsys):
     from experiments import gsm8k
-    from experiments.strategy import STRATEGY_NAMES
+    from experiments.grids import sampler_names
 
     help_text = gsm8k.build_parser().format_help()
     assert "sw_dual_thr0p9" not in help_text and "--list-strategies" in help_text
     with pytest.raises(SystemExit) as exit_:
         gsm8k.main(["--list-strategies"])
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and all(name in out.split() for name in STRATEGY_NAMES)
+    assert exit_.value.code == 0 and all(name in out.split() for name in sampler_names())
 
 
 def test_lm_eval_help_says_which_task_is_which(capsys):

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fastdllm
-from dlm.commit import select_factor, select_threshold
+from fastdllm.rules import select_factor, select_threshold
 from dlm.model import ModelConfig, Transformer
-from dlm.sampling import generate as baseline_generate
+from dlm.llada import generate as baseline_generate
 from dlm.stats import forward_flops
 from fastdllm.policies import window
 from tiny import fastdllm_config

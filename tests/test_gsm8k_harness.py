@@ -21,7 +21,7 @@ import torch
 from dlm import save_model
 from experiments import gsm8k, report
 from experiments.common import encode_question, merge_logs, read_jsonl
-from experiments.strategy import Strategy
+from dlm.spec import Sampler
 from tiny import tokenizer_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     model = tokenizer_model(tok)
@@ -77,10 +77,10 @@ def test_bad_args_raise_value_error_naming_the_flag(ckpt, tmp_path):
     for extra, name in cases:
         with pytest.raises(ValueError, match=name):
             gsm8k.parse_config(base + extra)
-    with pytest.raises(ValueError, match="cache"):
-        Strategy("x", cache="nope")
+    with pytest.raises(ValueError, match="policy"):
+        Sampler.of("x", policy="nope")
     with pytest.raises(ValueError, match="block size"):
-        Strategy("x", cache="exact", block_length=None)
+        Sampler.of("x", policy="exact", block_length=None)
     # prompt + gen length too long for the model: refused before any sampler call or file
     clock = FakeClock()
     with pytest.raises(ValueError, match="--gen-length"):
@@ -251,7 +251,7 @@ def test_pareto_front_and_factorial_main_effects():
 
 def test_chat_template_prompt_equals_plain_format(ckpt):
     from dlm.checkpoints import load_tokenizer
-    from dlm.tasks import ArithConfig, fewshot_examples, generate_problems
+    from tasks import ArithConfig, fewshot_examples, generate_problems
 
     tok = load_tokenizer(ckpt)
     assert tok.chat_template
@@ -292,7 +292,7 @@ def test_two_process_run_merges_into_single_process_result(ckpt, tmp_path):
 def test_local_gsm8k_jsonl_fewshot_and_bd3lm(ckpt, tmp_path, capsys):
     from bd3lm import BD3Config, save_bd3
     from dlm.checkpoints import load_model
-    from dlm.tasks import generate_problems
+    from tasks import generate_problems
 
     for split in ("test", "train"):  # GSM8K-format file with train.jsonl beside it for the shots
         rows = [{"question": p.question, "answer": p.answer} for p in generate_problems(n=3, split=split)]
@@ -334,20 +334,20 @@ def test_local_gsm8k_jsonl_fewshot_and_bd3lm(ckpt, tmp_path, capsys):
 
 def test_dream_checkpoint_runs_the_dream_rules_unless_told(tmp_path):
     """A Dream-layout checkpoint (shifted logits, q/k/v bias) gets Fast-dLLM's Dream rules in every
-    row by default, recorded in the config; ``--rules llada`` runs and records the LLaDA rules."""
+    row by default, recorded in the config; ``--family llada`` runs and records the LLaDA rules."""
     from dlm import load_model
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     ckpt = save_model(tokenizer_model(tok, shift_logits=True, qkv_bias=True), tok, tmp_path / "dream", layout="dream")
     model, _ = load_model(ckpt, dtype=torch.float64)
     assert model.config.shift_logits and model.config.layout == "dream"
     hashes = {}
-    for rules in ("auto", "llada"):
-        run(ckpt, tmp_path / rules, "--rules", rules)
-        meta = json.loads((tmp_path / rules / "config.json").read_text())["strategies"]
-        for name in TWO:
-            assert (meta[name]["config"].get("rules") == "dream") == (rules == "auto"), (rules, name)
-        hashes[rules] = meta["fastdllm_dual_threshold"]["config_hash"]
-        assert len(read_jsonl(tmp_path / rules / "fastdllm_dual_threshold.jsonl")) == 4
+    for family in ("auto", "llada"):
+        run(ckpt, tmp_path / family, "--family", family)
+        meta = json.loads((tmp_path / family / "config.json").read_text())["strategies"]
+        for name in TWO:  # the family that ran is recorded in every config
+            assert meta[name]["config"]["family"] == ("dream" if family == "auto" else "llada"), (family, name)
+        hashes[family] = meta["fastdllm_dual_threshold"]["config_hash"]
+        assert len(read_jsonl(tmp_path / family / "fastdllm_dual_threshold.jsonl")) == 4
     assert hashes["auto"] != hashes["llada"]

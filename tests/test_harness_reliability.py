@@ -54,7 +54,7 @@ def test_a_second_run_into_the_same_folder_fails_at_once_naming_the_first(ckpt, 
 def test_a_resume_over_edited_data_is_refused_naming_the_sample(ckpt, tmp_path):
     """Sample ids of a local --data file are row numbers: an edited row must not mix old targets
     with new answers. Records fingerprint their problem; a changed one refuses the resume."""
-    from dlm.tasks import generate_problems
+    from tasks import generate_problems
 
     rows = [{"question": p.question, "answer": p.answer} for p in generate_problems(n=3, split="test")]
     data = tmp_path / "test.jsonl"

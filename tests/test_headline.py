@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import headline
-from dlm.tasks.evaluate import mcnemar_exact
+from tasks.evaluate import mcnemar_exact
 
 
 def _recs(correct, seconds, tokens=10, flops=None, start=0):

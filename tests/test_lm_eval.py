@@ -17,8 +17,10 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from dlm import save_model  # noqa: E402
 from dlm.model import Transformer  # noqa: E402
-from dlm.sampling import GenerateOutput, generate  # noqa: E402
-from dlm.tasks.evaluate import length_batches, padding_waste  # noqa: E402
+from dlm.llada import generate  # noqa: E402
+from dlm.sample import GenerateOutput  # noqa: E402
+from dlm.spec import generate as run_sampler, resolve_family  # noqa: E402
+from tasks.evaluate import length_batches, padding_waste  # noqa: E402
 from experiments import lm_eval_models as lem  # noqa: E402
 from tiny import tokenizer_model  # noqa: E402
 
@@ -32,7 +34,7 @@ def _tiny(tok, seed=0) -> Transformer:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> dict:
     from bd3lm import BD3Config, save_bd3
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     root = tmp_path_factory.mktemp("lm_eval_ckpt")
@@ -47,10 +49,14 @@ def request(kind: str, *args) -> Instance:
 
 
 def test_generate_until_cuts_at_eos_then_stop_strings(ckpts):
-    lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), cache="dual", threshold=0.9, gen_length=16,
+    lm = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), policy="dual", threshold=0.9, gen_length=16,
                             block_length=8, batch_size=2, dtype="float64")
-    assert lm.strategy.cache == "dual" and (lm.strategy.rule, lm.strategy.threshold) == ("threshold", 0.9)
-    assert lm.call == lm.strategy.run
+    _, rule, _ = lm.strategy.components("llada")  # threshold 0.9 is the rule's default: no option recorded
+    assert lm.strategy.policy == "dual" and (lm.strategy.rule, rule.threshold) == ("threshold", 0.9)
+    ids = torch.tensor([lm.tokenizer.encode("Question: Ann has 3 pens.\nAnswer:", add_special_tokens=False)] * 2)
+    mask = torch.ones_like(ids)
+    got, ref = lm.call(lm.model, ids, mask, None), run_sampler(lm.model, ids, mask, lm.strategy)
+    assert torch.equal(got.sequences, ref.sequences) and got.stats.nfe == ref.stats.nfe  # the call is the sampler's
     real = lm.generate_until([request("generate_until", "Question: Ann has 3 pens.\nAnswer:", {"until": []})])
     assert isinstance(real[0], str)
     tok = lm.tokenizer
@@ -98,21 +104,25 @@ def test_model_args_build_one_strategy(ckpts):
     named = lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), strategy="fastdllm_dual_threshold", gen_length=16,
                                block_length=8, dtype="float64")
     s = named.strategy
-    assert (s.name, s.cache, s.rule, s.threshold, s.block, s.total_steps) == (
+    assert (s.name, s.policy, s.rule, s.components("llada")[1].threshold, s.block, s.total_steps) == (
         "fastdllm_dual_threshold", "dual", "threshold", 0.9, 8, 16)
-    full = lem.fastdllm_strategy("baseline_full", None, None, None, 16, 8, 8, 0.0, False)
-    assert (full.cache, full.rule, full.block, full.steps_per_block) == ("none", "topk", 16, 8)
-    custom = lem.fastdllm_strategy(None, "prefix", None, 2.0, 16, 8, None, 0.0, True)
-    assert (custom.cache, custom.rule, custom.factor, custom.stop_at_eos) == ("prefix", "factor", 2.0, True)
+    full = lem.fastdllm_sampler("baseline_full", dict(gen_length=16, block_length=8, steps=8, temperature=0.0))
+    assert (full.policy, full.rule, full.block, full.steps_per_block) == ("none", "topk", 16, 8)
+    custom = lem.fastdllm_sampler(None, dict(policy="prefix", factor=2.0, gen_length=16, block_length=8,
+                                             temperature=0.0, stop_at_eos=True))
+    assert (custom.policy, custom.rule, custom.option("factor"), custom.stop_at_eos) == ("prefix", "factor", 2.0, True)
+    # giving the options of two rules (at their defaults or not) is refused naming them
     for kw, match in ((dict(strategy="bd3lm"), "strategy"), (dict(strategy="table1"), "strategy"),
-                      (dict(strategy="baseline_semiar", cache="dual"), "fixes"), (dict(cache="exact"), "BD3-LM"),
-                      (dict(threshold=0.9, factor=1.0), "at most one"), (dict(dtype="fp8"), "dtype")):
+                      (dict(strategy="baseline_semiar", policy="dual"), "fixes"), (dict(policy="exact"), "BD3-LM"),
+                      (dict(threshold=0.8, factor=2.0), "threshold"), (dict(threshold=0.9, factor=1.0), "threshold"),
+                      (dict(dtype="fp8"), "dtype")):
         with pytest.raises(ValueError, match=match):
             lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), gen_length=16, block_length=8,
                                **{"dtype": "float64", **kw})
     bd3 = lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_2"]), gen_length=8, steps=4, dtype="float64")
     s = bd3.strategy
-    assert (s.cache, s.rule, s.block, s.align, s.top_p, s.steps_per_block, s.stop_at_eos) == (
+    policy, _, proposal = s.components("llada")
+    assert (s.policy, s.rule, s.block, policy.align, proposal.top_p, s.steps_per_block, s.stop_at_eos) == (
         "exact", "topk", 2, "prompt", 1.0, 1, True)
     with pytest.raises(ValueError, match="gen_length"):
         lem.BD3LMEvalLM(pretrained=str(ckpts["bd3_2"]), gen_length=7, dtype="float64")
@@ -201,7 +211,7 @@ def test_bd3lm_loglikelihood_exact_for_block_size_one(ckpts):
 def _gsm8k_files(tmp: Path) -> tuple[Path, Path]:
     """3 GSM8K-format test problems (+ 3 train for the shots): procedural arithmetic problems in
     GSM8K's jsonl layout, so the test runs the same with or without the data mirror."""
-    from dlm.tasks import generate_problems
+    from tasks import generate_problems
 
     for split in ("test", "train"):
         lines = [json.dumps({"question": p.question, "answer": p.answer}) for p in generate_problems(n=3, split=split)]
@@ -224,7 +234,7 @@ def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
     (tmp_path / "tasks" / "gsm8k_local.yaml").write_text(yaml_text)
     tm = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
     res = lm_eval.simple_evaluate(
-        model="fastdllm", model_args=f"pretrained={ckpts['llada']},cache=dual,threshold=0.9,gen_length=16,"
+        model="fastdllm", model_args=f"pretrained={ckpts['llada']},policy=dual,threshold=0.9,gen_length=16,"
                                      "block_length=8,dtype=float64",
         tasks=["gsm8k_local"], num_fewshot=1, limit=3, batch_size=2, bootstrap_iters=0, task_manager=tm)
     r = res["results"]["gsm8k_local"]
@@ -237,20 +247,20 @@ def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
 
 def test_dream_checkpoint_decodes_with_the_dream_rules_unless_told(tmp_path):
     """lm-eval's fastdllm model on a Dream-layout checkpoint: Fast-dLLM's Dream rules by default
-    (the strategy's family), the LLaDA rules with ``rules=llada``; the outputs are those runs'."""
+    (the sampler's family), the LLaDA rules with ``family=llada``; the outputs are those runs'."""
     from dlm import load_model
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
     from tiny import tokenizer_model
 
     tok = build_tokenizer()
     path = save_model(tokenizer_model(tok, shift_logits=True, qkv_bias=True), tok, tmp_path / "dream", layout="dream")
-    for rules, family in (("auto", "dream"), ("llada", "llada")):
-        lm = lem.FastDLLMEvalLM(pretrained=str(path), cache="dual", threshold=0.9, gen_length=16, block_length=8,
-                                dtype="float64", rules=rules)
-        assert lm.strategy.family(lm.model) == family
+    for given, family in (("auto", "dream"), ("llada", "llada")):
+        lm = lem.FastDLLMEvalLM(pretrained=str(path), policy="dual", threshold=0.9, gen_length=16, block_length=8,
+                                dtype="float64", family=given)
+        assert resolve_family(lm.strategy.family, lm.model.config) == family
         out = lm.generate_until([request("generate_until", "Question: Ann has 3 pens.\nAnswer:", {"until": []})])
         model, _ = load_model(path, dtype=torch.float64)
         ids = torch.tensor([tok.encode("Question: Ann has 3 pens.\nAnswer:")])
-        seq = lm.strategy.run(model, ids).sequences[0, ids.shape[1]:].tolist()
+        seq = run_sampler(model, ids, None, lm.strategy).sequences[0, ids.shape[1]:].tolist()
         eos = seq.index(tok.eos_token_id) if tok.eos_token_id in seq else len(seq)
         assert out[0] == tok.decode(seq[:eos])

@@ -191,3 +191,30 @@ def test_cache_errors():
         KVCache.for_model(model, 1, 10_000)
     with pytest.raises(ValueError, match="positions"):
         model(x, positions=torch.arange(3)[None])
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_a_gathered_window_equals_the_full_forward_at_its_columns(shift):
+    """A forward over cached columns in any order per row (``start`` a (B, W) tensor) writes the
+    full bidirectional forward's K/V there and (unshifted) gives its logits at those columns; the
+    other columns are read from the cache."""
+    model = tiny_model(shift_logits=shift)
+    cfg = model.config
+    B, T, W = 2, 10, 6
+    x = random_prompts(B, T, cfg, seed=3)
+    pos = torch.arange(T).expand(B, T)
+    cache = KVCache.for_model(model, B, T)
+    full = model(x, pos, cache=cache, commit=True)  # (B, T, V)
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    g = torch.Generator().manual_seed(0)
+    cols = torch.stack([torch.randperm(T, generator=g)[:W] for _ in range(B)])  # (B, W) distinct per row
+    part = model(x.gather(1, cols), pos.gather(1, cols), cache=cache, start=cols)  # (B, W, V)
+    if not shift:  # shifted logits come from the window's previous column, not the sequence's
+        assert torch.allclose(part, full.gather(1, cols[..., None].expand(-1, -1, full.shape[-1])), atol=1e-10)
+    assert torch.allclose(cache.k, k0, atol=1e-12) and torch.allclose(cache.v, v0, atol=1e-12)
+    outside = [c for c in range(T) if c not in cols[0].tolist()][0]
+    cache.v[:, 0, :, outside] += 1.0  # a column outside the window: read from the cache
+    moved = model(x.gather(1, cols), pos.gather(1, cols), cache=cache, start=cols)
+    assert not torch.allclose(moved[0], part[0]) and torch.allclose(moved[1], part[1], atol=1e-10)
+    with pytest.raises(ValueError, match="positions"):
+        model(x.gather(1, cols), cache=cache, start=cols)

@@ -124,7 +124,7 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
 
 
 def test_paired_mcnemar_against_the_baseline_counts_shared_problems():
-    from dlm.tasks.evaluate import mcnemar_exact
+    from tasks.evaluate import mcnemar_exact
     from experiments.report import paired_test
 
     base = [{"id": i, "correct": c} for i, c in enumerate([1, 1, 1, 0, 0, 1, 0, 1])]

@@ -15,7 +15,7 @@ from tests.tiny import random_prompts, tiny_model
 def test_forward_kinds_add_up_to_the_call():
     model = tiny_model()
     ids = random_prompts(2, 12, model.config)
-    out = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual")
+    out = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual", timed=True)
     st = out.stats
     kinds = st.forward_kinds  # (queries, keys, head columns) -> [n, seconds, FLOPs per row]
     assert sum(n for n, _, _ in kinds.values()) == st.nfe
@@ -36,7 +36,7 @@ def test_matmuls_alone_time_the_forwards_gemms(monkeypatch):
     model = tiny_model()
     cfg = model.config
     ids = random_prompts(2, 12, cfg)
-    st = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual").stats
+    st = fastdllm.generate(model, ids, gen_length=16, block_length=8, steps=16, cache="dual", timed=True).stats
     calls = []
     real = roofline.F.linear
     monkeypatch.setattr(roofline.F, "linear", lambda x, w: calls.append((tuple(x.shape), w)) or real(x, w))

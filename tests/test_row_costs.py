@@ -7,9 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dlm.spec import Sampler, generate
 from dlm.stats import forward_flops
 from test_contract import GREEDY_RULES, _cases, model, strategy, with_eos  # noqa: F401  (model: fixture)
 from tiny import unpad
+
+
+def sampler(policy: str, rule: str, stop: bool) -> Sampler:
+    """The contract's sampler of a case (:func:`test_contract.strategy`)."""
+    return strategy(policy, rule, stop).sampler
+
 
 ROW_FIELDS = ("row_nfe", "row_steps", "row_positions", "row_flops", "row_tokens")
 
@@ -17,10 +24,10 @@ ROW_FIELDS = ("row_nfe", "row_steps", "row_positions", "row_flops", "row_tokens"
 @pytest.mark.parametrize("model,cache,rule,stop", _cases(GREEDY_RULES), indirect=["model"])
 def test_row_costs_do_not_depend_on_the_batch(model, prompts, cache, rule, stop):
     ids, am = prompts  # (3, P) left padded, rows of 5, 3, 4 real tokens
-    s = strategy(cache, rule, stop)
-    batch = s.run(model, ids, am).stats
+    s = sampler(cache, rule, stop)
+    batch = generate(model, ids, am, s).stats
     for r in range(ids.shape[0]):
-        alone = s.run(model, unpad(ids, am, r)).stats
+        alone = generate(model, unpad(ids, am, r), None, s).stats
         for f in ROW_FIELDS:
             assert int(getattr(batch, f)[r]) == int(getattr(alone, f)[0]), (f, r)
         assert int(alone.row_nfe[0]) == alone.nfe  # a batch of one: the row's costs are the batch's
@@ -32,8 +39,8 @@ def test_row_costs_of_the_baseline_by_hand(tiny_model, prompts):
     """LLaDA's baseline, no padding: every row pays every forward over its real columns."""
     ids, am = prompts
     ids = ids[:1, -5:]  # the 5-token row alone, no padding
-    s = strategy("none", "topk", False)
-    st = s.run(tiny_model, ids).stats
+    s = sampler("none", "topk", False)
+    st = generate(tiny_model, ids, None, s).stats
     G, T, cfg = s.gen_length, 5 + s.gen_length, tiny_model.config
     assert st.row_nfe.tolist() == [G] and st.row_steps.tolist() == [G] and st.row_tokens.tolist() == [G]
     assert st.row_positions.tolist() == [G * T]
@@ -46,7 +53,7 @@ def test_finished_rows_stop_counting(tiny_model, prompts):
     """With stop_at_eos a row that finished in the first block pays nothing for the second."""
     model = with_eos(tiny_model)
     ids, am = prompts
-    st = strategy("dual", "topk", True).run(model, ids, am).stats
+    st = generate(model, ids, am, sampler("dual", "topk", True)).stats
     first = st.tokens_until_eos <= 4  # rows whose EOS is in the first block of 4
     assert bool(first.any()) and bool((~first).any())
     assert torch.equal(st.row_tokens[first], torch.full_like(st.row_tokens[first], 4))

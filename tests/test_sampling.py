@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dlm.commit import num_transfer_tokens, select_topk
-from dlm.sampling import generate
+from dlm.llada import generate
 from tiny import left_pad, random_prompts, tiny_model
 
 

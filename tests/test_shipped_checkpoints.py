@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from dlm.checkpoints import load_model
-from dlm.tasks import fewshot_examples, generate_problems
+from tasks import fewshot_examples, generate_problems
 from experiments.evaluate import score
-from experiments.strategy import Strategy
-from dlm.tasks.tokenizer import build_tokenizer
+from dlm.spec import Sampler
+from tasks.tokenizer import build_tokenizer
 from experiments.common import arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -32,7 +32,7 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
     model, mtok = load_model(CKPT)
     from experiments.common import arith_config_of
     problems = generate_problems(arith_config_of(CKPT), 16, split="test", seed=777)
-    r = score(model, mtok, problems, Strategy("semiar32", gen_length=gen_length, block_length=32), batch_size=16)
+    r = score(model, mtok, problems, Sampler.of("semiar32", gen_length=gen_length, block_length=32), batch_size=16)
     assert r["n"] == 16
     assert r["accuracy"] >= 0.5, [x["prediction"] for x in r["records"]]
     assert all(x["extracted"] is not None for x in r["records"][:8])
@@ -47,7 +47,7 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
 def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
     """The committed block-diffusion models (exact KV cache, stop at the first EOS block) solve
     held-out problems zero-shot and with 4 worked examples (before the few-shot fix in
-    ``dlm.tasks.sft_data`` BD3-LM never saw a few-shot prompt and scored 0% 4-shot), and never
+    ``tasks.sft_data`` BD3-LM never saw a few-shot prompt and scored 0% 4-shot), and never
     decode past the block that holds EOS."""
     ckpt = CKPT.parent / f"bd3lm-arith-{block_size}"
     assert ckpt.is_dir(), f"embedded BD3-LM checkpoint {ckpt} is missing"
@@ -58,7 +58,8 @@ def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
     arith = arith_config_of(ckpt)
     problems = generate_problems(arith, 16, split="test", seed=777)
     for shots, floor in (((), 0.5), (fewshot_examples(arith, 4, seed=777), 0.3)):
-        strategy = Strategy("bd3lm", "exact", gen_length=128, top_p=1.0, stop_at_eos=True).for_bd3(block_size, bd3.align)
+        strategy = Sampler.of("bd3lm", policy="exact", gen_length=128, top_p=1.0,
+                              stop_at_eos=True).for_block_model(block_size, bd3.align)
         r = score(bd3.model, mtok, problems, strategy, batch_size=16, shots=shots)
         assert r["accuracy"] >= floor, (len(shots), [x["prediction"] for x in r["records"]])
         limit = -(-22 // block_size) * block_size  # answers are <= 21 tokens + EOS
@@ -75,9 +76,9 @@ def _shipped_runs(name: str, n: int, gen_length: int = 128):
     model, mtok = load_model(ckpt)
     arith = arith_config_of(ckpt)
     problems = generate_problems(arith, n, split="test", seed=777, unique=True)
-    semi, pure = (score(model, mtok, problems, Strategy("s", gen_length=gen_length, block_length=b), batch_size=n)
+    semi, pure = (score(model, mtok, problems, Sampler.of("s", gen_length=gen_length, block_length=b), batch_size=n)
                   for b in (32, gen_length))
-    few = score(model, mtok, problems[:8], Strategy("few", gen_length=64, block_length=32), batch_size=8,
+    few = score(model, mtok, problems[:8], Sampler.of("few", gen_length=64, block_length=32), batch_size=8,
                 shots=fewshot_examples(arith, 4, seed=777))
     return arith, semi, pure, few
 

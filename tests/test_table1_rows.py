@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from experiments.strategy import GRIDS, Strategy, factorial, resolve, table1
+from dlm.spec import Sampler, generate as run_sampler
+from experiments.grids import GRIDS, factorial, resolve, table1
 from test_gsm8k_harness import ckpt  # noqa: F401  (the tiny checkpoint fixture, rows that stop early)
 
 
@@ -14,7 +15,7 @@ def test_grid_rows_decode_like_the_sampler_calls_they_name(ckpt):
     import bd3lm
     import fastdllm
     from dlm import load_model
-    from dlm.sampling import generate
+    from dlm.llada import generate
 
     model, _ = load_model(ckpt, dtype=torch.float64)
     ids = torch.tensor([[5, 9, 7, 11, 6], [8, 5, 12, 9, 10]])  # (2, 5)
@@ -35,8 +36,8 @@ def test_grid_rows_decode_like_the_sampler_calls_they_name(ckpt):
     assert list(expected) == list(rows)
     eos = model.config.eos_token_id
     for name, call in expected.items():
-        strategy = rows[name].for_bd3(4, "prompt")
-        a, b = strategy.run(model, ids), call()
+        strategy = rows[name].for_block_model(4, "prompt")
+        a, b = run_sampler(model, ids, None, strategy), call()
         if name == "baseline_semiar_eos":  # the semi-AR tokens, EOS after a row's first EOS, fewer steps
             answer = b.sequences[:, 5:].clone()  # (2, 16)
             seen = (answer == eos).cumsum(-1) > 0
@@ -46,20 +47,20 @@ def test_grid_rows_decode_like_the_sampler_calls_they_name(ckpt):
             assert a.stats.nfe == (4 if stopped else 8) and b.stats.nfe == 8, name
             continue
         assert torch.equal(a.sequences, b.sequences) and a.stats.nfe == b.stats.nfe, name
-    assert rows["bd3lm"].for_bd3(4, "prompt").steps_per_block == 2
+    assert rows["bd3lm"].for_block_model(4, "prompt").steps_per_block == 2
     cells = factorial(gen_length=64, block_length=16, steps=32, threshold=0.8)
-    assert len(cells) == 24 == len({(c.cache, c.rule, c.stop_at_eos, c.block) for c in cells})
+    assert len(cells) == 24 == len({(c.policy, c.rule, c.stop_at_eos, c.block) for c in cells})
     abl = {c.name: c for c in cells}["abl_dual_threshold_eos_full"]
-    assert (abl.cache, abl.threshold, abl.stop_at_eos, abl.block) == ("dual", 0.8, True, 64)
+    assert (abl.policy, abl.option("threshold"), abl.stop_at_eos, abl.block) == ("dual", 0.8, True, 64)
     assert [x.name for x in resolve(["baseline_full", "table1"])] == [x.name for x in GRIDS["table1"]()]
-    assert Strategy(gen_length=32, block_length=None).total_steps == 32
+    assert Sampler.of(gen_length=32, block_length=None).total_steps == 32
 
 
 def test_eos_baseline_row_is_the_semiar_baseline_stopped_at_its_first_eos_block(ckpt):
     """``baseline_semiar_eos`` per row: the semi-AR tokens up to the first EOS, EOS after it, and
     only the steps of the blocks up to the one holding that EOS (brute force from the full run)."""
     from dlm import load_model
-    from dlm.sampling import generate
+    from dlm.llada import generate
 
     model, _ = load_model(ckpt, dtype=torch.float64)
     eos = model.config.eos_token_id
@@ -73,7 +74,7 @@ def test_eos_baseline_row_is_the_semiar_baseline_stopped_at_its_first_eos_block(
         expected = full.clone()
         if len(hits):
             expected[int(hits[0]):] = eos
-        out = row.run(model, ids)
+        out = run_sampler(model, ids, None, row)
         assert torch.equal(out.sequences[0, 5:], expected)
         assert out.stats.nfe == 4 * blocks
         stopped_early += blocks < 4

@@ -1,4 +1,4 @@
-"""Tests for dlm.tasks: prompts, few-shot draws, GSM8K answer extraction and loading."""
+"""Tests for tasks: prompts, few-shot draws, GSM8K answer extraction and loading."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dlm.tasks import (
+from tasks import (
     DEFAULT_TEMPLATE,
     ArithConfig,
     extract_flexible,

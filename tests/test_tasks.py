@@ -1,4 +1,4 @@
-"""Tests for dlm.tasks: the procedural arithmetic generator and its chains (prompts and GSM8K:
+"""Tests for tasks: the procedural arithmetic generator and its chains (prompts and GSM8K:
 test_task_prompts.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dlm.tasks import (
+from tasks import (
     COT_STYLES,
     ArithConfig,
     Problem,
@@ -144,7 +144,7 @@ def test_loop_problems_spell_out_the_repeated_subtraction(config):
 def test_verbose_cot_same_problems_retold_steps(config):
     """``cot="verbose"`` keeps the problem stream (questions, targets, keys, split) and retells
     every step in some phrasing of its operator before the same equation."""
-    from dlm.tasks.arith import _STEP_TEMPLATES
+    from tasks.arith import _STEP_TEMPLATES
 
     verbose_cfg = ArithConfig(**{**config.__dict__, "cot": "verbose"})
     terse = generate_problems(config, 300, "test", seed=2)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from dlm.checkpoints import load_tokenizer
-from dlm.tasks import ArithConfig, generate_problems
-from dlm.tasks.evaluate import left_pad, mcnemar_exact, wilson_ci
-from dlm.tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
-from dlm.tasks.tokenizer import build_tokenizer
+from tasks import ArithConfig, generate_problems
+from tasks.evaluate import left_pad, mcnemar_exact, wilson_ci
+from tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
+from tasks.tokenizer import build_tokenizer
 from experiments.common import JsonlLog, arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
@@ -217,7 +217,7 @@ def test_testbed_refuses_samples_of_other_weights(tmp_path):
 def test_testbed_counts_distinct_problems_and_draws_unique_ones():
     from argparse import Namespace
 
-    from dlm.tasks import problem_key
+    from tasks import problem_key
     from research.testbed import held_out_problems, per_key_accuracy
 
     args = Namespace(model=str(CKPT), n=120, seed=0, unique=False)

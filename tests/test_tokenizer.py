@@ -1,4 +1,4 @@
-"""Tests for dlm.tokenizer (generic word-level tokenizer) and dlm.tasks.tokenizer (the embedded one):
+"""Tests for dlm.tokenizer (generic word-level tokenizer) and tasks.tokenizer (the embedded one):
 closed vocabulary, exact round trip, save/load."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from dlm.tasks import DEFAULT_TEMPLATE, ArithConfig, fewshot_examples, format_prompt, generate_problems
-from dlm.tasks.tokenizer import build_tokenizer, default_vocabulary
+from tasks import DEFAULT_TEMPLATE, ArithConfig, fewshot_examples, format_prompt, generate_problems
+from tasks.tokenizer import build_tokenizer, default_vocabulary
 from dlm.tokenizer import SPACE, SPECIAL_TOKENS, build_word_tokenizer, load_tokenizer, save_tokenizer
 
 

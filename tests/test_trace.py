@@ -11,23 +11,25 @@ import torch
 
 import experiments.generate as cli
 import fastdllm
-from dlm.sampling import generate
+from dlm import spec
+from dlm.llada import generate
+from dlm.spec import Sampler
 from dlm.trace import block_steps, replay_lines, step_states
 from experiments import trace
 from experiments.generate import AnswerStream, FinalBlocks, label
-from experiments.strategy import Strategy
 from tiny import random_prompts, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 G, L = 12, 4
-STRATEGIES = [
-    Strategy("baseline", gen_length=G, block_length=L, steps=6),
-    Strategy("baseline", gen_length=G, block_length=G, steps=6),
-    Strategy("fastdllm", gen_length=G, block_length=L, steps=6),
-    Strategy("fastdllm", "prefix", gen_length=G, block_length=L, steps=12),
-    Strategy("fastdllm", "dual", "threshold", gen_length=G, block_length=L, threshold=0.2),
-    Strategy("bd3lm", "exact", gen_length=G, block_length=L, steps=6, top_p=1.0),
-    Strategy("exact_threshold", "exact", "threshold", gen_length=G, block_length=L, threshold=0.2, top_p=1.0),
+SAMPLERS = [
+    Sampler.of("baseline", gen_length=G, block_length=L, steps=6),
+    Sampler.of("baseline", gen_length=G, block_length=G, steps=6),
+    Sampler.of("fastdllm", gen_length=G, block_length=L, steps=6),
+    Sampler.of("fastdllm", policy="prefix", gen_length=G, block_length=L, steps=12),
+    Sampler.of("fastdllm", policy="dual", rule="threshold", gen_length=G, block_length=L, threshold=0.2),
+    Sampler.of("bd3lm", policy="exact", gen_length=G, block_length=L, steps=6, top_p=1.0),
+    Sampler.of("exact_threshold", policy="exact", rule="threshold", gen_length=G, block_length=L, threshold=0.2,
+               top_p=1.0),
 ]
 
 
@@ -40,16 +42,16 @@ def ids_for(model):
     return random_prompts(1, 5, model.config, seed=2)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: label(s) + f"-L{s.block}")
-def test_commit_steps_are_a_valid_trace(model, strategy):
-    out = strategy.run(model, ids_for(model))
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: label(s) + f"-L{s.block}")
+def test_commit_steps_are_a_valid_trace(model, sampler):
+    out = spec.generate(model, ids_for(model), None, sampler)
     answer, cs = out.sequences[0, 5:], out.commit_step[0]
-    bs = block_steps(cs, strategy.block)  # every column committed, blocks in order
+    bs = block_steps(cs, sampler.block)  # every column committed, blocks in order
     assert int(cs.max()) + 1 == out.stats.steps
-    if strategy.rule == "topk":  # top-k: block b owns steps [b s, (b + 1) s)
-        s = strategy.total_steps * strategy.block // G
-        assert bs.first.tolist() == [b * s for b in range(G // strategy.block)]
-        assert bs.last.tolist() == [(b + 1) * s - 1 for b in range(G // strategy.block)]
+    if sampler.rule == "topk":  # top-k: block b owns steps [b s, (b + 1) s)
+        s = sampler.total_steps * sampler.block // G
+        assert bs.first.tolist() == [b * s for b in range(G // sampler.block)]
+        assert bs.last.tolist() == [(b + 1) * s - 1 for b in range(G // sampler.block)]
     states = step_states(answer, cs, model.config.mask_token_id)
     masked = (states == model.config.mask_token_id).sum(-1)
     assert bool((masked[1:] < masked[:-1]).all()) and int(masked[-1]) == 0  # every step commits
@@ -79,19 +81,19 @@ def test_callback_does_not_change_the_output(model):
     assert torch.equal(a.sequences, b.sequences) and torch.equal(a.commit_step, b.commit_step)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: label(s) + f"-L{s.block}")
-def test_stream_blocks_equal_final_answer(model, strategy):
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: label(s) + f"-L{s.block}")
+def test_stream_blocks_equal_final_answer(model, sampler):
     ids = ids_for(model)
     blocks = []
     final = FinalBlocks(model.config.mask_token_id, 5, lambda b, t: blocks.append((b, t[0].tolist())))
-    out = strategy.run(model, ids, callback=final)
-    plain = strategy.run(model, ids)
+    out = spec.generate(model, ids, None, sampler, callback=final)
+    plain = spec.generate(model, ids, None, sampler)
     assert torch.equal(out.sequences, plain.sequences)
-    if strategy.name == "baseline":  # the baseline is dlm.sampling.generate itself
-        ref = generate(model, ids, gen_length=G, steps=strategy.total_steps, block_length=strategy.block)
+    if sampler.name == "baseline":  # the baseline is dlm.llada.generate itself
+        ref = generate(model, ids, gen_length=G, steps=sampler.total_steps, block_length=sampler.block)
         assert torch.equal(out.sequences, ref.sequences)
     answer = out.sequences[0, 5:].tolist()
-    expect = range(G // strategy.block)  # every block, the last one included, once it is final
+    expect = range(G // sampler.block)  # every block, the last one included, once it is final
     assert [b for b, _ in blocks] == list(expect)
     assert sum((t for _, t in blocks), []) == answer
     pieces = []
@@ -108,7 +110,7 @@ def test_answer_stream_eos_and_tokenizer():
     s = AnswerStream(None, 2, pieces.append)
     s.push([5, 6]), s.push([7, 2, 9]), s.push([8]), s.finish([5, 6, 7, 2, 9, 8])
     assert pieces == [" 5 6", " 7 2"]
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer(["apples", "Ann", "has"])
     answer = tok.encode(" Ann has 12 apples .", add_special_tokens=False)
@@ -126,9 +128,9 @@ def _no_checkpoints(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "DEFAULT_BD3_MODEL", tmp_path / "missing")
 
 
-@pytest.mark.parametrize("flags", [["--strategy", "baseline"], ["--strategy", "fastdllm", "--cache", "dual"],
-                                   ["--strategy", "bd3lm"], ["--cache", "prefix", "--threshold", "0.5"],
-                                   ["--cache", "exact", "--rule", "threshold", "--stop-at-eos"]],
+@pytest.mark.parametrize("flags", [["--policy", "none"], ["--policy", "dual"],
+                                   ["--policy", "exact"], ["--policy", "prefix", "--threshold", "0.5"],
+                                   ["--policy", "exact", "--rule", "threshold", "--stop-at-eos"]],
                          ids=" ".join)
 def test_cli_stream_matches_plain_run(flags, capsys, monkeypatch, tmp_path):
     _no_checkpoints(monkeypatch, tmp_path)
@@ -144,19 +146,20 @@ def test_cli_stream_matches_plain_run(flags, capsys, monkeypatch, tmp_path):
 
 def test_cli_bd3lm_takes_the_block_size_from_the_model(capsys, tmp_path):
     from bd3lm import BD3Config, save_bd3
-    from dlm.tasks.tokenizer import build_tokenizer
+    from tasks.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     model, _ = cli._tiny_random_model()
     path = save_bd3(model, tok, tmp_path / "bd3", BD3Config(block_size=8, align="prompt"))
     p = cli.parser()
-    run = cli.setup(p, p.parse_args(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16"]))
+    run = cli.setup(p, p.parse_args(["--policy", "exact", "--model", str(path), "--gen-length", "16"]))
     s = run.strategy
-    assert (s.cache, s.block, s.align, s.top_p) == ("exact", 8, "prompt", 1.0)
-    cli.main(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16", "--stream"])
+    policy, _, proposal = s.components("llada")
+    assert (s.policy, s.block, policy.block_size, policy.align, proposal.top_p) == ("exact", 8, 8, "prompt", 1.0)
+    cli.main(["--policy", "exact", "--model", str(path), "--gen-length", "16", "--stream"])
     assert "Answer:" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # --block-length must be the model's
-        cli.main(["--strategy", "bd3lm", "--model", str(path), "--gen-length", "16", "--block-length", "4"])
+        cli.main(["--policy", "exact", "--model", str(path), "--gen-length", "16", "--block-length", "4"])
 
 
 @pytest.mark.slow
@@ -174,24 +177,24 @@ def test_cli_stream_subprocess_on_the_embedded_checkpoint():
 def test_trace_cli(monkeypatch, tmp_path, capsys):
     _no_checkpoints(monkeypatch, tmp_path)
     png = tmp_path / "t.png"
-    res = trace.main(["--strategy", "fastdllm", "--cache", "prefix", "--gen-length", "8", "--block-length",
+    res = trace.main(["--policy", "prefix", "--gen-length", "8", "--block-length",
                       "4", "--prompt", "abc", "--replay", "--out", str(png)])
     lines = [l for l in capsys.readouterr().out.splitlines() if " | " in l]
     assert png.stat().st_size > 0 and len(lines) == res["output"].stats.steps == 8
     assert lines[0].count("_") == 7 and "_" not in lines[-1]
     txt = tmp_path / "t.txt"  # --replay-out writes the same replay without printing it
-    trace.main(["--strategy", "fastdllm", "--cache", "prefix", "--gen-length", "8", "--block-length",
+    trace.main(["--policy", "prefix", "--gen-length", "8", "--block-length",
                 "4", "--prompt", "abc", "--out", str(png), "--replay-out", str(txt)])
     assert not [l for l in capsys.readouterr().out.splitlines() if " | " in l]
     assert txt.read_text().splitlines() == ["# abc", *lines]
 
 
 def test_bad_inputs(model, monkeypatch, tmp_path):
-    for kw in (dict(cache="ar"), dict(rule="ar"), dict(gen_length=10, block_length=4),
-               dict(rule="topk", threshold=0.9), dict(gen_length=8, block_length=4, steps=3),
-               dict(cache="exact", block_length=None)):
+    for kw in (dict(policy="ar"), dict(rule="ar"), dict(gen_length=10, block_length=4),
+               dict(rule="topk", threshold=0.5), dict(gen_length=8, block_length=4, steps=3),
+               dict(policy="exact", block_length=None)):
         with pytest.raises(ValueError):
-            Strategy(**kw)
+            Sampler.of(**kw)
     with pytest.raises(ValueError, match="commit_step"):
         step_states(torch.zeros(4, dtype=torch.long), torch.zeros(3, dtype=torch.long), 0)
     with pytest.raises(ValueError, match="never committed"):
@@ -199,14 +202,15 @@ def test_bad_inputs(model, monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="previous block"):
         block_steps(torch.tensor([0, 2, 1, 3]), 2)
     _no_checkpoints(monkeypatch, tmp_path)
-    for argv in (["--delay", "-1"], ["--strategy", "baseline", "--cache", "dual"],
+    for argv in (["--step-delay", "-1"], ["--policy", "dual", "--tolerance", "0.2"],
                  ["--gen-length", "10", "--block-length", "4"]):
         with pytest.raises(SystemExit):
             trace.main(argv + ["--out", str(tmp_path / "x.png")])
-    for argv in (["--strategy", "ar"], ["--strategy", "baseline", "--cache", "dual"],
-                 ["--strategy", "baseline", "--threshold", "0.9"], ["--strategy", "baseline", "--stop-at-eos"],
-                 ["--strategy", "bd3lm", "--threshold", "0.9"], ["--strategy", "bd3lm", "--cache", "dual"],
-                 ["--strategy", "fastdllm", "--cache", "exact"], ["--rule", "topk", "--threshold", "0.9"],
-                 ["--gen-length", "8", "--block-length", "4", "--steps", "3"], ["--cache", "block_causal"]):
+    # the --strategy presets and --cache are gone (--policy); an option must belong to the policy or rule run
+    for argv in (["--policy", "ar"], ["--strategy", "baseline"], ["--cache", "dual"], ["--policy", "bogus"],
+                 ["--policy", "none", "--refresh-every", "2"], ["--policy", "dual", "--tolerance", "0.2"],
+                 ["--policy", "none", "--delay", "2"], ["--policy", "exact", "--refresh-every", "2"],
+                 ["--rule", "topk", "--threshold", "0.5"], ["--rule", "threshold", "--factor", "2"],
+                 ["--gen-length", "8", "--block-length", "4", "--steps", "3"]):
         with pytest.raises(SystemExit):
             cli.main(argv)

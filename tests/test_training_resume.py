@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dlm.objectives import LLaDAPretrainLoss
-from dlm.tasks.sft_data import SFTBatches
+from tasks.sft_data import SFTBatches
 import dlm.train as trainer
 from dlm.train import TrainConfig, train
 from tiny import micro_model

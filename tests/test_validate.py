@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fastdllm
-from dlm.sampling import generate
-from experiments.strategy import Strategy
+from dlm.llada import generate
+from dlm.spec import Sampler
 from test_contract import no_forward
 
 
@@ -70,6 +70,6 @@ def test_non_finite_numbers_of_fastdllm(tiny_model, kw, word):
 
 @pytest.mark.parametrize("kw,word", [(dict(top_p=math.nan), "top_p"), (dict(top_p=0.0), "top_p"),
                                      (dict(cfg_scale=math.nan), "cfg_scale"), (dict(temperature=math.inf), "temperature")])
-def test_strategy_refuses_non_finite_numbers_when_built(kw, word):
+def test_sampler_refuses_non_finite_numbers_when_built(kw, word):
     with pytest.raises((ValueError, TypeError), match=word):
-        Strategy("x", gen_length=8, block_length=4, **kw)
+        Sampler.of("x", gen_length=8, block_length=4, **kw)

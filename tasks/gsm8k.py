@@ -1,6 +1,6 @@
 """GSM8K-format problems: the shared record type, answer extraction and a loader.
 
-Every task in :mod:`dlm.tasks` produces :class:`Problem` records whose
+Every task in :mod:`tasks` produces :class:`Problem` records whose
 ``answer`` follows the GSM8K convention: zero or more lines of worked
 reasoning followed by a final line ``#### <number>``.  The extraction helpers
 here are used both for the procedural arithmetic task and for real GSM8K, so

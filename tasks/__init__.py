@@ -1,6 +1,6 @@
 """GSM8K-format tasks: procedural arithmetic, real GSM8K, answer extraction, prompts."""
 
-from dlm.tasks.arith import (
+from tasks.arith import (
     COT_STYLES,
     ArithConfig,
     arith_vocabulary,
@@ -11,8 +11,8 @@ from dlm.tasks.arith import (
     reasoning_lines,
     split_of_key,
 )
-from dlm.tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate, fewshot_examples, format_prompt, sample_shots
-from dlm.tasks.gsm8k import Problem, extract_flexible, extract_strict, is_correct, load_gsm8k, normalize_number
+from tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate, fewshot_examples, format_prompt, sample_shots
+from tasks.gsm8k import Problem, extract_flexible, extract_strict, is_correct, load_gsm8k, normalize_number
 
 __all__ = [
     "DEFAULT_TEMPLATE",

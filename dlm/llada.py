@@ -8,43 +8,58 @@ the most confident (``low_confidence``) or uniformly random ones (``random``). S
 LLaDA's reference ``generate.py``; batching uses left padding with per-row positions so a row's
 output does not depend on its neighbours.
 
-This module holds the cache policy "none" (:class:`FullSequence`, with LLaDA's classifier-free
-guidance) and :func:`generate`, the LLaDA entry over the one loop :func:`dlm.sample.denoise`.
+This module registers the LLaDA baseline: the commit rule ``topk`` (:class:`TopK`), the cache
+policy ``none`` (:class:`FullSequence`, with LLaDA's classifier-free guidance) and the family
+``llada``; :func:`generate` is the paper's entry (its argument names) over the one loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .commit import Proposal, TopK, check_int, check_real, check_sampling  # noqa: F401  (re-exported)
-from .sample import GenerateOutput, Run, StepView, denoise, stop_ids  # noqa: F401  (re-exported)
-from .validate import PreparedBatch, check_blocks, prepare_batch  # noqa: F401  (re-exported)
+from .commit import CommitRule, check_int, num_transfer_tokens, select_topk
+from .policy import CachePolicy
+from .registry import param, register
+from .sample import GenerateOutput, Run
+from .spec import Family, Sampler
+from .spec import generate as run_sampler
 
-eos_ids = stop_ids  # the name callers used before the one loop
 
-
+@register("rule", "topk")
 @dataclass(frozen=True)
-class FullSequence:
+class TopK(CommitRule):
+    """LLaDA Alg. 2: ``steps`` per block, ``num_transfer_tokens`` most confident per step."""
+
+    steps: int = field(metadata=param("", derived="steps_per_block"))
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps)
+
+    def block_steps(self, width: int) -> int:
+        return self.steps
+
+    def begin(self, eligible: Tensor, n_steps: Optional[int], span: Optional[tuple] = None) -> Tensor:
+        return num_transfer_tokens(eligible.sum(-1), n_steps)  # (B, steps)
+
+    def select(self, conf, eligible, i, state, generator):
+        return select_topk(conf, eligible, state[:, i]), state
+
+
+
+
+@register("policy", "none")
+@dataclass(frozen=True)
+class FullSequence(CachePolicy):
     """Cache policy "none": every step recomputes prompt + whole answer, bidirectional with the
     key-padding mask; nothing is cached. ``cfg_scale > 0``: LLaDA's classifier-free guidance
     (Nie et al. 2025, app. B.6), ``uncond + (s + 1)(cond - uncond)`` with the unconditional
     branch's prompt masked, in one doubled batch."""
 
-    cfg_scale: float = 0.0
-    name = "none"
-
-    def __post_init__(self) -> None:
-        check_real("cfg_scale", self.cfg_scale, 0.0, low_open=False)
-
-    def start(self, run: Run) -> None:
-        pass
-
-    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
-        pass
+    cfg_scale: float = field(default=0.0, metadata=param("classifier-free guidance scale (LLaDA)", min=0.0))
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         x, T = run.x, run.x.shape[1]
@@ -60,9 +75,11 @@ class FullSequence:
         return free + (self.cfg_scale + 1) * (cond - free)
 
 
-def blocks_after(prompt_len: int, gen_length: int, block_length: int) -> tuple[tuple[int, int], ...]:
-    """Absolute columns ``(lo, hi)`` of the answer's blocks after a prompt of ``prompt_len``."""
-    return tuple((prompt_len + lo, prompt_len + lo + block_length) for lo in range(0, gen_length, block_length))
+@register("family", "llada")
+@dataclass(frozen=True)
+class LLaDAFamily(Family):
+    """LLaDA-style models (and the block-diffusion and AR ones): every rule as registered, with
+    LLaDA's proposal unless the rule names its own."""
 
 
 def generate(
@@ -81,18 +98,19 @@ def generate(
     generator: Optional[torch.Generator] = None,
     backend: str = "sdpa",
     callback=None,
+    timed: bool = False,
 ) -> GenerateOutput:
-    """LLaDA baseline: full-sequence (block_length == gen_length) or semi-AR blocks.
+    """LLaDA baseline: full-sequence (block_length == gen_length) or semi-AR blocks; a thin preset
+    with the paper's argument names over :func:`dlm.spec.generate` (policy ``none``, rule ``topk``,
+    family ``llada``).
 
     logits_eos_inf: never propose EOS/EoT. confidence_eos_eot_inf: EOS/EoT proposals get the
     lowest confidence (committed only when nothing else is left), as LLaDA's option of that name.
     Randomness (Gumbel noise, random remasking) comes only from ``generator``.
     callback(view): a :class:`dlm.sample.StepView` after every step (observation only).
     """
-    steps_per_block = check_blocks(gen_length, block_length, steps)
-    check_sampling(temperature, remasking, cfg_scale)
-    batch = prepare_batch(model, input_ids, attention_mask, gen_length, mask_id)
-    proposal = Proposal(temperature, remasking, suppress_eos=logits_eos_inf, eos_last=confidence_eos_eot_inf)
-    return denoise(model, batch, blocks_after(batch.prompt_len, gen_length, block_length),
-                   FullSequence(cfg_scale), TopK(steps_per_block), proposal, generator=generator,
-                   backend=backend, callback=callback)
+    sampler = Sampler.of("llada", family="llada", gen_length=gen_length, block_length=block_length, steps=steps,
+                         temperature=temperature, remasking=remasking, cfg_scale=cfg_scale,
+                         suppress_eos=logits_eos_inf, eos_last=confidence_eos_eot_inf)
+    return run_sampler(model, input_ids, attention_mask, sampler, generator=generator, callback=callback,
+                       backend=backend, mask_id=mask_id, timed=timed)

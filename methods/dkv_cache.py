@@ -18,36 +18,34 @@ With the notation of dKV-Cache eq. 6: at step t the cached set is ``{i : x_i dec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from dlm.commit import check_int
+from dlm.policy import CachePolicy
+from dlm.registry import param, register
 from dlm.sample import Run
 
 
+@register("policy", "delayed")
 @dataclass(frozen=True)
-class DelayedCache:
+class DelayedCache(CachePolicy):
     """Cache policy "delayed" (dKV-Cache-Decode): decoded columns cached ``delay`` steps late."""
 
-    delay: int = 1
-    refresh_every: Optional[int] = None
-    at_block: bool = False  # shifted logits: windows start at the block (Fast-dLLM's Dream rules)
-    name = "delayed"
-
-    def __post_init__(self) -> None:
-        check_int("delay", self.delay)
-        if self.refresh_every is not None:
-            check_int("refresh_every", self.refresh_every)
+    delay: int = field(default=1, metadata=param("delayed cache: a decoded column's K/V cached this many steps late",
+                                                 min=1))
+    refresh_every: Optional[int] = field(default=None, metadata=param(
+        "also refresh the whole cache every k-th step of a block", min=1, sweep=(2, 4, 8), tag="re"))
+    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
+    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    approximate = True
+    same_as = ("none", (("refresh_every", 1),))  # every step a full forward: the uncached computation
 
     def start(self, run: Run) -> None:
         run.new_cache()
         run.state["seen"] = torch.zeros_like(run.x)  # (B, T) forwards that computed a column with its token
-
-    def block_done(self, run: Run, lo: int, hi: int, last: bool) -> None:
-        pass
 
     def logits(self, run: Run, lo: int, hi: int, i: int) -> Tensor:
         x, seen, T = run.x, run.state["seen"], run.x.shape[1]

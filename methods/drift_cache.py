@@ -30,32 +30,31 @@ every layer, not only those from the first drifting layer on; no sliding window.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from dlm.commit import check_real
+from dlm.policy import CachePolicy
+from dlm.registry import param, register
 from dlm.sample import Run
 
 
+@register("policy", "adaptive")
 @dataclass(frozen=True)
-class AdaptiveCache:
+class AdaptiveCache(CachePolicy):
     """Cache policy "adaptive": the dual cache, refreshed per row when its drift test fires."""
 
-    tolerance: float = 0.1
-    probe_layer: int = -1
-    every_block: bool = True
-    at_block: bool = False  # shifted logits: windows start at the block (Fast-dLLM's Dream rules)
-    name = "adaptive"
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.tolerance, (int, float)) and self.tolerance == math.inf):
-            check_real("tolerance", self.tolerance, 0.0, low_open=False)
-        if isinstance(self.probe_layer, bool) or not isinstance(self.probe_layer, int):
-            raise TypeError(f"probe_layer must be an int, got {type(self.probe_layer).__name__}")
-        if not isinstance(self.every_block, bool):
-            raise TypeError(f"every_block must be a bool, got {type(self.every_block).__name__}")
+    tolerance: float = field(default=0.1, metadata=param(
+        "adaptive cache: refresh a row when its probe drifts by more than this (inf: never)", min=0.0, max=math.inf,
+        sweep=(0.02, 0.05, 0.1, 0.2, 0.5), tag="tol"))
+    probe_layer: int = field(default=-1, metadata=param("adaptive cache: the layer whose drift is tested"))
+    every_block: bool = field(default=True, metadata=param("adaptive cache: also refresh at every block start"))
+    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
+    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    approximate = True
+    variants = {"nb": {"every_block": False}}  # the sweep's and caches grid's adaptive_nb
 
     def start(self, run: Run) -> None:
         n_layers = run.model.config.n_layers

@@ -1,6 +1,7 @@
 """Dream's sampling semantics (Ye et al. 2025, "Dream 7B"; the reference ``diffusion_generate`` of
 Dream's ``generation_utils.py``) as a proposal and commit rules of the one loop
-(:func:`dlm.sample.denoise`), and :func:`generate`, Dream's sampler over it.
+(:func:`dlm.sample.denoise`), registered as the rule ``dream`` and the proposal ``dream``, and
+:func:`generate`, Dream's sampler over it (a thin preset with the paper's argument names).
 
 Each step of Dream's sampler, with the timesteps ``t_i = linspace(1, eps, steps + 1)[i]``:
 
@@ -12,7 +13,7 @@ Each step of Dream's sampler, with the timesteps ``t_i = linspace(1, eps, steps 
 * commits ``k = int(n_masked * (1 - t_{i+1} / t_i))`` columns (all the rest at the last step):
   the ``k`` most confident, or ``k`` drawn without replacement from ``softmax(conf / alg_temp)``
   (:class:`DreamSchedule`); ``origin`` instead unmasks each masked column with probability
-  ``1 - t_{i+1} / t_i`` and samples only those (:class:`DreamOrigin`).
+  ``1 - t_{i+1} / t_i`` and samples only those.
 
 Randomness comes only from ``generator`` and is drawn where the reference draws it (the sample
 of every masked column, ``torch.rand`` over the masked columns for ``origin``, the
@@ -23,16 +24,18 @@ proposed (its logit is -inf; a trained model gives it no mass, the reference can
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .commit import CommitRule, check_int, check_real, suppress_logits
-from .sample import GenerateOutput, denoise
-from .sampling import FullSequence, blocks_after
-from .validate import check_blocks, prepare_batch
+from dlm.commit import CommitRule, suppress_logits
+from dlm.llada import FullSequence
+from dlm.policy import blocks_after
+from dlm.registry import param, register
+from dlm.sample import GenerateOutput, denoise
+from dlm.validate import check_blocks, prepare_batch
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 CONFIDENCES = ("prob", "margin", "neg_entropy")
@@ -85,30 +88,29 @@ def sample_tokens(logits: Tensor, temperature: float, top_p: Optional[float], to
     return conf, x0
 
 
+@register("proposal", "dream")
 @dataclass(frozen=True)
 class DreamProposal:
     """Dream's proposal (:func:`sample_tokens`) for the one loop: drawn at the ``where`` columns
     only, in row-major order (the reference's ``logits[mask_index]``). ``confidence`` is the
     default kind; a rule's ``confidence`` overrides it."""
 
-    temperature: float = 0.0
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    confidence: str = "prob"
+    temperature: float = field(default=0.0, metadata=param("Gumbel-max temperature (0: greedy)", min=0.0))
+    top_p: Optional[float] = field(default=None, metadata=param(
+        "nucleus filter: propose from the smallest token set holding this probability mass", min=0.0, max=1.0,
+        open_min=True))
+    top_k: Optional[int] = field(default=None, metadata=param("Dream's proposal: keep the k most likely tokens",
+                                                              min=1))
+    confidence: str = field(default="prob", metadata=param("", derived="dream_confidence"))
     suppress_eos = False
     eos_last = False
 
     def __post_init__(self) -> None:
-        check_real("temperature", self.temperature, 0.0, low_open=False)
-        if self.top_p is not None:
-            check_real("top_p", self.top_p, 0.0, 1.0)
-        if self.top_k is not None:
-            check_int("top_k", self.top_k)
         if self.confidence not in CONFIDENCES:
             raise ValueError(f"confidence must be one of {CONFIDENCES}, got {self.confidence!r}")
 
     def __call__(self, logits: Tensor, where: Tensor, generator: Optional[torch.Generator],
-                 exclude: tuple[int, ...] = (), confidence: Optional[str] = None) -> tuple[Tensor, Tensor]:
+                 exclude: tuple[int, ...] | Tensor = (), confidence: Optional[str] = None) -> tuple[Tensor, Tensor]:
         """logits (B, L, V), where (B, L) bool -> x0 (B, L) (0 outside ``where``), conf (B, L)
         (-inf outside ``where``)."""
         kind = {None: self.confidence, "low_confidence": "prob"}.get(confidence, confidence)
@@ -173,36 +175,45 @@ def select_scheduled(conf: Tensor, eligible: Tensor, k: Tensor, alg_temp: Option
     return hit[:, left:left + conf.shape[1]] & eligible
 
 
+@register("rule", "dream")
 @dataclass(frozen=True)
 class DreamSchedule(CommitRule):
-    """Dream's ``maskgit_plus`` / ``topk_margin`` / ``entropy``: ``steps`` per block on Dream's
-    timesteps (:func:`transfer_counts`), the most confident first (``alg_temp``: sampled).
+    """Dream's own sampler: ``steps`` per block on Dream's timesteps. ``maskgit_plus`` /
+    ``topk_margin`` / ``entropy`` commit :func:`transfer_counts` columns, the most confident first
+    (``alg_temp``: sampled); ``origin`` selects first, each masked column with probability
+    ``1 - t_{i+1} / t_i`` (1 at the last step), and the proposal samples only those.
     ``window``: the reference's confidence row for the ``alg_temp`` draw (:func:`reference_row`)."""
 
-    steps: int
-    eps: float = 1e-3
-    alg: str = "entropy"
-    alg_temp: Optional[float] = None
-    window: str = "row"
-    name = "dream"
+    steps: int = field(metadata=param("", derived="steps_per_block"))
+    alg: str = field(default="entropy", metadata=param("Dream's remasking algorithm", choices=ALGS))
+    eps: float = field(default=1e-3, metadata=param("Dream's timestep floor: t runs from 1 to eps", min=0.0,
+                                                    max=1.0, open_min=True))
+    alg_temp: Optional[float] = field(default=None, metadata=param(
+        "Dream: draw the committed columns from softmax(confidence / alg_temp) (unset: the most confident)",
+        min=0.0))
+    window: str = field(default="row", metadata=param("", derived="dream_window"))
+    proposal = "dream"
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps)
-        check_real("eps", self.eps, 0.0, 1.0)
-        if self.alg not in ALG_CONFIDENCE:
-            raise ValueError(f"alg must be one of {tuple(ALG_CONFIDENCE)} (or 'origin'), got {self.alg!r}")
-        if self.alg_temp is not None:
-            check_real("alg_temp", self.alg_temp, 0.0, low_open=False)
         if self.window not in WINDOWS:
             raise ValueError(f"window must be one of {WINDOWS}, got {self.window!r}")
+        if self.alg == "origin" and self.alg_temp:
+            raise ValueError("alg_temp is an option of the confidence algs, not of alg='origin'")
 
     @property
-    def confidence(self) -> str:
-        return ALG_CONFIDENCE[self.alg]
+    def confidence(self) -> Optional[str]:
+        return ALG_CONFIDENCE.get(self.alg)
 
     @property
     def label(self) -> str:
         return f"dream_{self.alg}"
+
+    @property
+    def random(self) -> bool:
+        return self.alg == "origin" or bool(self.alg_temp)
+
+    def selects_first(self, i: int) -> bool:
+        return self.alg == "origin"
 
     def block_steps(self, width: int) -> int:
         return self.steps
@@ -211,50 +222,15 @@ class DreamSchedule(CommitRule):
         return span
 
     def select(self, conf, eligible, i, span, generator):
+        if self.alg == "origin":
+            ts = timesteps(self.steps, self.eps, eligible.device)
+            p = 1 - ts[i + 1] / ts[i] if i < self.steps - 1 else 1
+            u = torch.rand(int(eligible.sum()), generator=generator, device=eligible.device)  # (N,) float32
+            commit = torch.zeros_like(eligible)
+            commit[eligible] = u < p
+            return commit, span
         k = transfer_counts(eligible.sum(-1), i, self.steps, self.eps)
         return select_scheduled(conf, eligible, k, self.alg_temp, generator, span, self.window), span
-
-
-@dataclass(frozen=True)
-class DreamOrigin(CommitRule):
-    """Dream's ``origin`` (the MDM reverse step on Dream's timesteps): each masked column is
-    unmasked with probability ``1 - t_{i+1} / t_i`` (1 at the last step); tokens are then sampled
-    at those columns only. Selects before the proposal (``selects_first``)."""
-
-    steps: int
-    eps: float = 1e-3
-    name = "dream"
-    label = "dream_origin"
-
-    def selects_first(self, i: int) -> bool:
-        return True
-
-    def __post_init__(self) -> None:
-        check_int("steps", self.steps)
-        check_real("eps", self.eps, 0.0, 1.0)
-
-    def block_steps(self, width: int) -> int:
-        return self.steps
-
-    def select(self, conf, eligible, i, state, generator):
-        ts = timesteps(self.steps, self.eps, eligible.device)
-        p = 1 - ts[i + 1] / ts[i] if i < self.steps - 1 else 1
-        u = torch.rand(int(eligible.sum()), generator=generator, device=eligible.device)  # (N,) float32
-        commit = torch.zeros_like(eligible)
-        commit[eligible] = u < p
-        return commit, state
-
-
-def dream_rule(steps: int, alg: str = "entropy", eps: float = 1e-3, alg_temp: Optional[float] = None,
-               window: str = "row") -> CommitRule:
-    """The rule of Dream's ``alg`` (``ALGS``)."""
-    if alg == "origin":
-        if alg_temp:
-            raise ValueError("alg_temp is an option of the confidence algs, not of alg='origin'")
-        return DreamOrigin(steps, eps)
-    if alg not in ALGS:
-        raise ValueError(f"alg must be one of {ALGS}, got {alg!r}")
-    return DreamSchedule(steps, eps, alg, alg_temp, window)
 
 
 def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, max_new_tokens: int = 128,
@@ -269,7 +245,7 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
     model (Dream's logit shift is the model's own, ``config.shift_logits``)."""
     block = max_new_tokens if block_length is None else block_length
     steps_per_block = check_blocks(max_new_tokens, block, steps)
-    rule = dream_rule(steps_per_block, alg, eps, alg_temp, "row")
+    rule = DreamSchedule(steps_per_block, alg, eps, alg_temp)
     proposal = DreamProposal(temperature, top_p, top_k)
     batch = prepare_batch(model, input_ids, attention_mask, max_new_tokens, None)
     return denoise(model, batch, blocks_after(batch.prompt_len, max_new_tokens, block), FullSequence(), rule,

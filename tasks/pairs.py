@@ -1,5 +1,5 @@
-"""Prompt / answer pairs of the any-order tasks (:mod:`dlm.tasks.sudoku`, :mod:`dlm.tasks.countdown`,
-:mod:`dlm.tasks.reversal`) and their SFT batches.
+"""Prompt / answer pairs of the any-order tasks (:mod:`tasks.sudoku`, :mod:`tasks.countdown`,
+:mod:`tasks.reversal`) and their SFT batches.
 
 A task module exposes ``generate(n, seed, split)`` (procedural training / held-out pairs),
 ``load(path)`` (the shared test sets where they exist), ``check(pair, output) -> bool`` (the

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from dlm.tasks.gsm8k import Problem
+from tasks.gsm8k import Problem
 
 __all__ = [
     "NAMES",
@@ -317,7 +317,7 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
 
 
 def _seeded_rng(split: str, seed: int) -> random.Random:
-    digest = hashlib.sha256(f"dlm.tasks.arith|{split}|{seed}".encode()).digest()
+    digest = hashlib.sha256(f"tasks.arith|{split}|{seed}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 

@@ -1,8 +1,8 @@
 """The embedded models' tokenizer: the arithmetic task's words plus the few-shot prompt template.
 
 :func:`build_tokenizer` is :func:`dlm.tokenizer.build_word_tokenizer` (the generic closed-vocabulary
-word-level tokenizer) with the vocabulary of :func:`dlm.tasks.arith.arith_vocabulary`, the literal
-pieces of :data:`dlm.tasks.fewshot.DEFAULT_TEMPLATE` and a chat template rendering that format.
+word-level tokenizer) with the vocabulary of :func:`tasks.arith.arith_vocabulary`, the literal
+pieces of :data:`tasks.fewshot.DEFAULT_TEMPLATE` and a chat template rendering that format.
 The task depends on the core tokenizer, never the other way round.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedTokenizerFast
 
-from dlm.tasks.arith import arith_vocabulary
-from dlm.tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate
+from tasks.arith import arith_vocabulary
+from tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate
 from dlm.tokenizer import build_word_tokenizer, word_pieces
 
 __all__ = ["build_tokenizer", "chat_template", "default_vocabulary", "template_text"]
@@ -34,7 +34,7 @@ def chat_template(template: PromptTemplate = DEFAULT_TEMPLATE) -> str:
 
     User turns become ``"Question: <content>\\nAnswer:"`` and assistant turns
     ``" <content>\\n\\n"``, so alternating messages reproduce
-    :func:`dlm.tasks.format_prompt` exactly.
+    :func:`tasks.format_prompt` exactly.
     """
     t = template
     user = t.question_prefix + "{{ message['content'] }}\n" + t.answer_prefix

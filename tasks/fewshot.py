@@ -19,8 +19,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlm.tasks.arith import ArithConfig, generate_problems
-from dlm.tasks.gsm8k import Problem
+from tasks.arith import ArithConfig, generate_problems
+from tasks.gsm8k import Problem
 
 __all__ = ["DEFAULT_TEMPLATE", "PromptTemplate", "fewshot_examples", "format_prompt", "sample_shots"]
 
