@@ -11,9 +11,9 @@ Fast-dLLM's Dream sampler differs from its LLaDA sampler in two rules:
    window's shift gives from its own hidden state, is never used.
 
 Its non-threshold mode runs Dream's timestep schedule with negative-entropy confidence on the
-block's remaining steps (:class:`dlm.dream.DreamSchedule` after the first column). The threshold
-rule after the first step is :class:`dlm.commit.Threshold` (the reference: top-1 plus every
-confidence >= tau), the factor rule :class:`dlm.commit.Factor` (not in the reference).
+block's remaining steps (:class:`dream.sampler.DreamSchedule` after the first column). The
+threshold rule after the first step is :class:`fastdllm.rules.Threshold` (the reference: top-1 plus
+every confidence >= tau), the factor rule :class:`fastdllm.rules.Factor` (not in the reference).
 
 Without a cache (``cache`` None or ``"none"``) Fast-dLLM runs another sampler, its
 ``dream/model/generation_utils.py`` (its eval's ``use_cache=false``): no blocks, no first-column
@@ -24,7 +24,8 @@ step, and after ``steps`` steps it adds steps until nothing is left (:class:`Ste
 modes are Dream's own sampler (``alg="entropy"``: :class:`DreamSchedule` from the first step on).
 Both run here inside each block; one block of ``gen_length`` is the reference, token for token.
 
-``rules``: ``"dream"`` these rules, ``"llada"`` the LLaDA rules (a Dream model then runs Fast-dLLM's
+These rules are the registered family ``dream`` (:class:`FastDreamFamily`): a sampler's
+``family="dream"`` runs them, ``"llada"`` the LLaDA rules (a Dream model then runs Fast-dLLM's
 LLaDA sampler with the cached window widened by one column for the shifted logits), ``"auto"``
 the Dream rules for models with ``config.shift_logits`` (Dream's family), else the LLaDA rules.
 """
@@ -38,23 +39,13 @@ import torch
 from torch import Tensor
 
 from dlm import registry
+from dlm.commit import CommitRule, check_int, num_transfer_tokens
 from dlm.llada import LLaDAFamily
 from dlm.registry import param, register
 from dlm.spec import Family
-from dlm.commit import CommitRule, Proposal, check_int, check_sampling, num_transfer_tokens
 from dream.sampler import DreamProposal, DreamSchedule, reference_row
 
-RULE_SETS = ("auto", "llada", "dream")
 NO_CACHE = (None, "none")  # no cache: fastdllm.generate's spelling and the policy's name
-
-
-def resolve_rules(rules: str, model) -> str:
-    """``"llada"`` or ``"dream"``: ``rules`` with ``"auto"`` decided by ``model.config.shift_logits``."""
-    if rules not in RULE_SETS:
-        raise ValueError(f"rules must be one of {RULE_SETS}, got {rules!r}")
-    if rules == "auto":
-        return "dream" if model.config.shift_logits else "llada"
-    return rules
 
 
 @dataclass(frozen=True)
@@ -193,32 +184,6 @@ def make_rule(name: str, steps_per_block: int, threshold: Optional[float] = None
     """The registered rule ``name`` with its number (``threshold`` / ``factor``)."""
     numbers = {k: v for k, v in (("threshold", threshold), ("factor", factor)) if v is not None}
     return registry.build("rule", name, numbers, {"steps_per_block": steps_per_block})
-
-
-def block_sampler(family: str, rule: str, steps_per_block: int, threshold: Optional[float] = None,
-                  factor: Optional[float] = None, temperature: float = 0.0, remasking: str = "low_confidence",
-                  top_p: Optional[float] = None, top_k: Optional[int] = None, eps: Optional[float] = None,
-                  alg_temp: Optional[float] = None, cache: Optional[str] = None):
-    """(commit rule, proposal) of Fast-dLLM's ``family`` (``"llada"`` / ``"dream"``) for ``rule``
-    (``topk`` / ``threshold`` / ``factor``): the one place that picks a family's rule and proposal
-    (:func:`fastdllm.generate` and ``experiments.strategy.Strategy`` both ask it).
-
-    Dream: :func:`dream_block_rule` and Dream's ``sample_tokens`` proposal (``top_p``, ``top_k``);
-    ``remasking`` is a LLaDA option. LLaDA: :func:`dlm.commit.make_rule` and LLaDA's proposal
-    (``top_p``: BD3-LM's nucleus over SUBS log-probabilities); ``top_k``, ``eps`` and ``alg_temp``
-    are Dream options. ``eps`` None means Dream's 1e-3."""
-    check_sampling(temperature, remasking)
-    if family == "dream":
-        if remasking != "low_confidence":
-            raise ValueError("remasking is an option of the LLaDA rules; the Dream rules rank by confidence")
-        return (dream_block_rule(rule, steps_per_block, threshold, factor, 1e-3 if eps is None else eps, alg_temp,
-                                 cache), DreamProposal(temperature, top_p, top_k))
-    if family != "llada":
-        raise ValueError(f"family must be 'llada' or 'dream', got {family!r}")
-    for opt, value in (("top_k", top_k), ("eps", eps), ("alg_temp", alg_temp)):
-        if value is not None:
-            raise ValueError(f"{opt} is an option of the Dream rules (rules='dream')")
-    return make_rule(rule, steps_per_block, threshold, factor), Proposal(temperature, remasking, top_p)
 
 
 DREAM_BLOCK_RULES = ("topk", "threshold", "factor")  # the rules Fast-dLLM's Dream sampler has

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dlm.sample import Callback, GenerateOutput
-from dlm.spec import Sampler
+from dlm.spec import Sampler, resolve_family
 from dlm.spec import generate as run_sampler
 
 
@@ -87,7 +87,8 @@ def generate(
     options = dict(threshold=threshold, factor=factor, temperature=temperature, remasking=remasking,
                    refresh_every=refresh_every, top_p=top_p, top_k=top_k, eps=eps, alg_temp=alg_temp, delay=delay,
                    tolerance=tolerance, every_block=None if every_block else False)
-    sampler = Sampler.of("fastdllm", policy="none" if cache is None else cache, rule=rule, family=rules,
+    family = resolve_family(rules, model.config)  # the model is known: its options are checked against it
+    sampler = Sampler.of("fastdllm", policy="none" if cache is None else cache, rule=rule, family=family,
                          gen_length=gen_length, block_length=block_length, steps=steps, stop_at_eos=stop_at_eos,
                          **options)
     return run_sampler(model, input_ids, attention_mask, sampler, generator=generator, callback=callback,

@@ -49,7 +49,8 @@ def run(args) -> None:
     for s in strategies(args.gen_length, args.block_length):
         n = args.n_topk if s.rule == "topk" else args.n
         problems = generate_problems(arith_config_of(args.model), n, split="test", seed=args.seed)
-        config = {"strategy": s.as_dict(), "model": repo_relative(args.model), "n": n, "seed": args.seed}
+        config = {"strategy": s.as_dict(), "sampler": s.resolved(s.family), "model": repo_relative(args.model), "n": n,
+                  "seed": args.seed}
         log = JsonlLog(out / f"{s.name}.jsonl")
         evaluate(model, tok, problems, s, log, batch_size=args.batch_size, seed=args.seed,
                  config_hash=config_hash(config), weights=weights, tags={"rules": s.family})

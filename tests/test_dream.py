@@ -29,7 +29,7 @@ import fastdllm
 from dlm.attention import key_padding_mask
 from dlm.cache import KVCache
 from dream.sampler import DreamProposal, DreamSchedule, generate as dream_generate, sample_tokens
-from experiments.strategy import Strategy
+from dlm.spec import Sampler, generate, resolve_family
 from tiny import fastdllm_model, fastdllm_prompts, unpad
 
 MASK = fastdllm_model(shift=True).config.mask_token_id
@@ -250,7 +250,7 @@ def test_dream_sampler_uses_its_options():
 
 
 # ------------------------------------------------------------------------------ Fast-dLLM's Dream rules
-BLOCK_CASES = list(itertools.product((None, "prefix", "dual"), (0.5, 0.9, None)))
+BLOCK_CASES = list(itertools.product(("prefix", "dual"), (0.5, 0.9, None)))  # without a cache: test_dream_nocache
 
 
 @pytest.mark.parametrize("cache,threshold", BLOCK_CASES)
@@ -271,7 +271,7 @@ def test_thresholds_commit_several_columns_per_step():
         assert out.stats.steps < 16, tau
 
 
-@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_fastdllm_dream_sampled_matches_reference(cache):
     ids, _ = fastdllm_prompts()
     for threshold, kw in ((0.9, dict(temperature=1.0)), (None, dict(temperature=0.8, top_p=0.9, top_k=20)),
@@ -305,15 +305,16 @@ def test_batch_of_16_equals_16_runs_of_one():
     g = torch.Generator().manual_seed(5)
     rows = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 9, (16,), generator=g)]
     ids, am = left_pad(rows, MODEL.config.pad_token_id)
-    strategies = [Strategy(f"s{i}", cache, rule, 12, 4, threshold=t, factor=f)
+    strategies = [Sampler.of(f"s{i}", policy=cache, rule=rule, gen_length=12, block_length=4, threshold=t, factor=f)
                   for i, (cache, (rule, t, f)) in enumerate(itertools.product(
                       ("none", "prefix", "dual"), (("topk", None, None), ("threshold", 0.9, None),
                                                    ("factor", None, 1.0))))]
-    strategies += [Strategy("own", "none", "dream", 12, None, alg=a) for a in ("entropy", "maskgit_plus")]
+    strategies += [Sampler.of("own", rule="dream", gen_length=12, block_length=None, alg=a)
+                   for a in ("entropy", "maskgit_plus")]
     for s in strategies:
-        batch = s.run(MODEL, ids, am).sequences
+        batch = generate(MODEL, ids, am, s).sequences
         for r, row in enumerate(rows):
-            one = s.run(MODEL, torch.tensor([row])).sequences[0]
+            one = generate(MODEL, torch.tensor([row]), None, s).sequences[0]
             assert torch.equal(batch[r, -one.shape[0]:], one), (s.name, r)
 
 
@@ -328,9 +329,9 @@ def test_auto_rules_follow_the_family_and_llada_rules_stay_reachable():
     assert llada.stats.extra["rule"] == "threshold=0.9"
     plain = fastdllm_model(n_layers=2)  # a LLaDA-family model: auto = the LLaDA rules
     assert fastdllm.generate(plain, ids, **kw).stats.extra["rule"] == "threshold=0.9"
-    s = Strategy("t", "dual", "threshold", 12, 4, threshold=0.9)
-    assert torch.equal(s.run(MODEL, ids).sequences, auto.sequences)
-    assert s.family(MODEL) == "dream" and s.family(plain) == "llada"
+    s = Sampler.of("t", policy="dual", rule="threshold", gen_length=12, block_length=4, threshold=0.9)
+    assert torch.equal(generate(MODEL, ids, None, s).sequences, auto.sequences)
+    assert resolve_family(s.family, MODEL.config) == "dream" and resolve_family(s.family, plain.config) == "llada"
 
 
 def test_first_step_of_a_block_commits_only_its_first_column():
@@ -389,10 +390,10 @@ def test_dream_options_need_the_dream_rules():
         fastdllm.generate(fastdllm_model(), ids, gen_length=8, block_length=4, top_k=3, rules="llada")
     with pytest.raises(ValueError, match="remasking"):
         fastdllm.generate(MODEL, ids, gen_length=8, block_length=4, remasking="random")
-    with pytest.raises(ValueError, match="rules"):
+    with pytest.raises(ValueError, match="family 'qwen'"):
         fastdllm.generate(MODEL, ids, gen_length=8, block_length=4, rules="qwen")
     with pytest.raises(ValueError, match="alg_temp"):
-        Strategy("x", "none", "topk", 8, 4, alg_temp=0.5)
+        Sampler.of("x", gen_length=8, block_length=4, alg_temp=0.5)
     with pytest.raises(ValueError, match="window"):
         DreamSchedule(4, window="left")
     with pytest.raises(ValueError, match="confidence"):

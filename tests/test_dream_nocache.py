@@ -50,7 +50,8 @@ try:  # the experiments' strategy (cache "none") and Dream's sampler in dlm
 
     Sampler = None
 except ImportError:  # the registry layout: one sampler spec (policy "none") and one entry
-    from dlm.spec import Sampler, generate as run_sampler
+    from dlm.spec import Sampler
+    from dlm.spec import generate as run_sampler
     from dream.sampler import generate as dream_generate
 
 BASE = fastdllm_model(n_layers=2, shift=True)
