@@ -45,8 +45,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .ema import EMA
 from .io import atomic_path, remove_leftover_temps, write_dir
-from .optim import lr_at, param_groups  # noqa: F401  (re-exported)
-from .seeding import derive_seed, step_generator  # noqa: F401  (re-exported)
+from .recipe import lr_at, param_groups, step_generator
 from .resume import (RESUMABLE_FIELDS, as_recipe, check_shapes, flag_recipe,  # noqa: F401
                      check_recipe, trim_metrics)
 

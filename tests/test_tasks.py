@@ -273,3 +273,25 @@ def test_problem_validation():
     with pytest.raises(ValueError, match="target"):
         Problem(id="x", question="q", answer="#### 1", target="1.50", split="train")
     assert Problem(id="x", question="q", answer="#### 2.5", target="2.5", split="t").target_str == "2.5"
+
+
+def test_the_problem_streams_are_those_of_the_committed_results():
+    """The committed samples' problems regenerate: the arith stream of each embedded model's task
+    gives the same question and target under the same id (a changed stream salt or generator
+    would silently pair new problems with old answers)."""
+    import json
+    from pathlib import Path
+
+    from experiments.common import arith_config_of
+    from experiments.evaluate import fingerprint
+    from tasks import generate_problems
+
+    repo = Path(__file__).resolve().parents[1]
+    for folder, model in (("gsm8k_arith_256", "llada-arith"), ("gsm8k_chain_256", "llada-chain"),
+                          ("gsm8k_dream_256", "dream-arith")):
+        path = repo / "results" / folder / "fastdllm_dual.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()[:20]]
+        problems = generate_problems(arith_config_of(repo / "results" / "checkpoints" / model), 20, split="test")
+        for p, r in zip(problems, records, strict=True):  # older samples record the target, not a fingerprint
+            assert (p.id, fingerprint(p) if "problem" in r else p.target_str) == \
+                (r["id"], r.get("problem", r["target"])), folder

@@ -13,7 +13,8 @@ import torch
 from dlm.ema import EMA
 from dlm.model import Transformer
 from dlm.objectives import LLaDAPretrainLoss
-from dlm.train import TrainConfig, lr_at, param_groups, train
+from dlm.recipe import lr_at, param_groups
+from dlm.train import TrainConfig, train
 from tiny import micro_config
 
 HERE = Path(__file__).resolve().parent

@@ -1,12 +1,14 @@
-"""The optimizer recipe of :func:`dlm.train.train`: the learning-rate schedule and AdamW's
-parameter groups (``config`` is a :class:`dlm.train.TrainConfig`)."""
+"""The training recipe of :func:`dlm.train.train` apart from its loop: the learning-rate schedule,
+AdamW's parameter groups (``config`` is a :class:`dlm.train.TrainConfig`) and the per-step
+randomness (every (seed, step, stream) has its own generator, so a resumed run needs only the step
+counter to draw what an uninterrupted run would)."""
 
 from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn as nn
-
 
 def lr_at(step: int, config) -> float:
     """Learning rate of optimizer update ``step`` (0-based): linear warm-up to ``lr`` over
@@ -30,3 +32,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         (no_decay if p.ndim < 2 or id(p) in embedding_ids else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(*parts: int) -> int:
+    """Deterministic 63-bit seed from integers (FNV-1a style mixing)."""
+    h = 0xCBF29CE484222325
+    for part in parts:
+        h = ((h ^ (part & _MASK64)) * 0x100000001B3) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def step_generator(seed: int, step: int, stream: int, device: torch.device) -> torch.Generator:
+    """Generator for one (step, stream): stream 0 = data, 1 = noise, 2 + k = micro-batch k."""
+    return torch.Generator(device=device).manual_seed(derive_seed(seed, step, stream))
