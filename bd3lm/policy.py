@@ -30,8 +30,9 @@ ALIGNS = ("prompt", "absolute")
 @register("policy", "exact")
 @dataclass(frozen=True)
 class ExactBlockCache(CachePolicy):
-    """Cache policy "exact". align ``prompt``: block ids count from the prompt end (SFT layout);
-    ``absolute``: from column 0 (pre-training chunks)."""
+    """BD3-LM's exact block-causal cache: each step recomputes the current block only, and a
+    finished block's K/V are written once. align ``prompt``: block ids count from the prompt end
+    (SFT layout); ``absolute``: from column 0 (pre-training chunks)."""
 
     block_size: int = field(metadata=param("", derived="block_length"))
     align: str = field(default="prompt", metadata=param(

@@ -21,8 +21,8 @@ from dlm.registry import param, register
 @register("rule", "first_hitting")
 @dataclass(frozen=True)
 class FirstHitting(CommitRule):
-    """One uniformly chosen masked column per step (random confidences, top 1), at the hitting
-    time ``t <- t * u^(1 / n_masked)``; one step per masked column of the block."""
+    """Zheng et al.'s first-hitting sampler: one uniformly chosen masked column per step (random
+    confidences, top 1), at the hitting time ``t <- t * u^(1 / n_masked)``."""
 
     confidence = "random"
     records_time = True
@@ -49,7 +49,8 @@ class FirstHitting(CommitRule):
 @register("rule", "ancestral")
 @dataclass(frozen=True)
 class Ancestral(CommitRule):
-    """The reverse step on ``t_i = 1 - i / steps``: each masked column unmasked w.p. ``1 / (steps - i)``."""
+    """MDLM / BD3-LM's ancestral reverse step on ``t_i = 1 - i / steps``: each masked column is
+    unmasked with probability ``1 / (steps - i)``."""
 
     steps: int = field(metadata=param("", derived="steps_per_block"))
     random = True

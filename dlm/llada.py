@@ -32,7 +32,8 @@ from .spec import generate as run_sampler
 @register("rule", "topk")
 @dataclass(frozen=True)
 class TopK(CommitRule):
-    """LLaDA Alg. 2: ``steps`` per block, ``num_transfer_tokens`` most confident per step."""
+    """LLaDA's low-confidence remasking (Alg. 2): ``steps`` per block, ``num_transfer_tokens`` most
+    confident per step."""
 
     steps: int = field(metadata=param("", derived="steps_per_block"))
 

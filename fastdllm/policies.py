@@ -65,8 +65,8 @@ def window(cache: str, lo: int, hi: int, seq_len: int, shift_logits: bool) -> Wi
 @register("policy", "prefix")
 @dataclass(frozen=True)
 class PrefixCache(CachePolicy):
-    """Fig. 3a: cached steps recompute ``[lo, T)``; full refresh at each block start (and every
-    ``refresh_every``-th step)."""
+    """Fast-dLLM's prefix cache (Fig. 3a): cached steps recompute the block and everything after it,
+    ``[lo, T)``; a full refresh at each block start (and every ``refresh_every``-th step)."""
 
     refresh_every: Optional[int] = field(default=None, metadata=param(
         "also refresh the whole cache every k-th step of a block", min=1, sweep=(2, 4, 8), tag="re"))
@@ -97,8 +97,8 @@ class PrefixCache(CachePolicy):
 @register("policy", "dual")
 @dataclass(frozen=True)
 class DualCache(PrefixCache):
-    """Fig. 3b: cached steps recompute only the block ``[lo, hi)``; prefix and suffix K/V from the
-    last full forward."""
+    """Fast-dLLM's dual cache (Fig. 3b): cached steps recompute only the block ``[lo, hi)``; prefix
+    and suffix K/V from the last full forward."""
 
 
 def window_flops(config, q_len: int, k_len: int, head_positions: int) -> int:

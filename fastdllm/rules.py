@@ -41,7 +41,7 @@ def select_factor(confidence: Tensor, eligible: Tensor, factor: float) -> Tensor
 @register("rule", "threshold")
 @dataclass(frozen=True)
 class Threshold(CommitRule):
-    """Eq. 5 (:func:`select_threshold`); steps until the block is clean."""
+    """Fast-dLLM's threshold rule (eq. 5, :func:`select_threshold`): steps until the block is clean."""
 
     threshold: float = field(default=0.9, metadata=param(
         "threshold rule: commit every column this confident, at least the top one", min=0.0, max=1.0,
@@ -58,7 +58,7 @@ class Threshold(CommitRule):
 @register("rule", "factor")
 @dataclass(frozen=True)
 class Factor(CommitRule):
-    """Eq. 6 (:func:`select_factor`); steps until the block is clean."""
+    """Fast-dLLM's factor rule (eq. 6, :func:`select_factor`): steps until the block is clean."""
 
     factor: float = field(default=1.0, metadata=param(
         "factor rule: the largest n with (n + 1)(1 - c(n)) < factor", min=0.0, open_min=True,
