@@ -91,8 +91,8 @@ def propose(
 ) -> tuple[Tensor, Tensor]:
     """Proposed tokens and their confidence. logits (B, T, V) -> x0 (B, T), conf (B, T) float64.
 
-    ``exclude``: ids never proposed, a tuple or an (n,) tensor (the samplers pass [MASK]: a trained model gives it ~0 mass,
-    and a proposed [MASK] would leave its column masked; optionally EOS/EoT too).
+    ``exclude``: ids never proposed, a tuple or an (n,) tensor (the samplers pass [MASK]: a trained
+    model gives it ~0 mass, and a proposed [MASK] would leave its column masked; optionally EOS/EoT).
     ``top_p``: None proposes from the raw logits (LLaDA); a number from the float64 SUBS
     log-probabilities (BD3-LM / MDLM: excluded ids impossible), nucleus-filtered to ``top_p``.
     ``low_confidence``: conf = softmax(logits)[x0] (of the unperturbed logits, as LLaDA), computed

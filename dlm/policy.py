@@ -10,9 +10,25 @@ recomputed every column), ``block_done(run, lo, hi, last)`` once a block is clea
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Optional
 
 from torch import Tensor
+
+from .registry import param
+
+
+def refresh_every_field():
+    """The ``refresh_every`` option of the caches refreshed at block starts: also redo the full
+    committing forward every k-th step of a block (k = 1: the uncached computation)."""
+    return field(default=None, metadata=param("also refresh the whole cache every k-th step of a block", min=1,
+                                              sweep=(2, 4, 8), tag="re"))
+
+
+def at_block_field():
+    """The derived ``at_block`` of a windowed cache: windows start at the block even with shifted
+    logits (set by Fast-dLLM's Dream rules, :class:`fastdllm.dream.FastDreamFamily`)."""
+    return field(default=False, metadata=param("", derived="at_block"))
 
 
 def blocks_after(prompt_len: int, gen_length: int, block_length: int) -> tuple[tuple[int, int], ...]:

@@ -8,10 +8,11 @@ A method is one frozen dataclass that registers itself; its parameters are its f
         gamma: float = field(default=0.1, metadata=param("entropy budget per step", min=0.0))
 
 Field metadata (:func:`param`): ``help`` (one line, required for a user parameter), ``min`` /
-``max`` (``open_min``: the minimum itself excluded; a float is finite unless ``max`` is ``inf``), ``choices``, ``sweep`` (the values the
-``sweep`` grid walks) and ``tag`` (its short name in a cell's name), ``probe`` (the value the
-contract tests run, when the default would not exercise the method on a tiny random model), ``derived``: the field is filled from the sampler spec, not by the user
-(``"steps_per_block"``, ``"block_length"``, ``"at_block"``).
+``max`` (``open_min``: the minimum itself excluded; a float is finite unless ``max`` is ``inf``),
+``choices``, ``sweep`` (the values the ``sweep`` grid walks) and ``tag`` (its short name in a
+cell's name), ``probe`` (the value the contract tests run, when the default would not exercise the
+method on a tiny random model), ``derived``: the field is filled from the sampler spec, not by the
+user (``"steps_per_block"``, ``"block_length"``, ``"at_block"``).
 
 Everything that lists methods reads them from here: the CLI flags and ``--help``
 (``experiments.cli``), the :class:`dlm.spec.Sampler` options, lm-eval ``model_args``, the grids

@@ -22,13 +22,13 @@ its first logit (:func:`window`). Under Fast-dLLM's Dream rules (:mod:`fastdllm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from torch import Tensor
 
-from dlm.policy import CachePolicy
-from dlm.registry import param, register
+from dlm.policy import CachePolicy, at_block_field, refresh_every_field
+from dlm.registry import register
 from dlm.sample import Run
 from dlm.stats import forward_flops
 
@@ -68,10 +68,8 @@ class PrefixCache(CachePolicy):
     """Fast-dLLM's prefix cache (Fig. 3a): cached steps recompute the block and everything after it,
     ``[lo, T)``; a full refresh at each block start (and every ``refresh_every``-th step)."""
 
-    refresh_every: Optional[int] = field(default=None, metadata=param(
-        "also refresh the whole cache every k-th step of a block", min=1, sweep=(2, 4, 8), tag="re"))
-    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
-    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    refresh_every: Optional[int] = refresh_every_field()
+    at_block: bool = at_block_field()
     approximate = True
     same_as = ("none", (("refresh_every", 1),))  # every step a full forward: the uncached computation
 

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dlm.policy import CachePolicy
+from dlm.policy import CachePolicy, at_block_field, refresh_every_field
 from dlm.registry import param, register
 from dlm.sample import Run
 
@@ -36,10 +36,8 @@ class DelayedCache(CachePolicy):
 
     delay: int = field(default=1, metadata=param("delayed cache: a decoded column's K/V cached this many steps late",
                                                  min=1))
-    refresh_every: Optional[int] = field(default=None, metadata=param(
-        "also refresh the whole cache every k-th step of a block", min=1, sweep=(2, 4, 8), tag="re"))
-    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
-    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    refresh_every: Optional[int] = refresh_every_field()
+    at_block: bool = at_block_field()
     approximate = True
     same_as = ("none", (("refresh_every", 1),))  # every step a full forward: the uncached computation
 

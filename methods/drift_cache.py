@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dlm.policy import CachePolicy
+from dlm.policy import CachePolicy, at_block_field
 from dlm.registry import param, register
 from dlm.sample import Run
 
@@ -51,8 +51,7 @@ class AdaptiveCache(CachePolicy):
         sweep=(0.02, 0.05, 0.1, 0.2, 0.5), tag="tol"))
     probe_layer: int = field(default=-1, metadata=param("adaptive cache: the layer whose drift is tested"))
     every_block: bool = field(default=True, metadata=param("adaptive cache: also refresh at every block start"))
-    # windows start at the block even with shifted logits (Fast-dLLM's Dream rules)
-    at_block: bool = field(default=False, metadata=param("", derived="at_block"))
+    at_block: bool = at_block_field()
     approximate = True
     variants = {"nb": {"every_block": False}}  # the sweep's and caches grid's adaptive_nb
 
