@@ -63,6 +63,17 @@ def test_uncached_topk_equals_baseline(layout):
 SHIFT_RULES = [(False, "auto"), (True, "llada"), (True, "dream")]
 
 
+def uncached_block_sampler(model, ids, am, cache: str, rules: str, **kw):
+    """The block sampler ``cache`` must equal, recomputing everything at every step. Under Fast-dLLM's
+    Dream rules no cache is Fast-dLLM's *other* sampler (``generation_utils.py``: no blocks, no
+    first-column step; tests/test_dream_nocache.py), so there the reference is the other cache
+    refreshed at every step (as tests/test_contract.py); otherwise the run without a cache."""
+    if rules == "dream" or (rules == "auto" and model.config.shift_logits):
+        return fastdllm.generate(model, ids, am, cache="prefix" if cache == "dual" else "dual", refresh_every=1,
+                                 rules=rules, **kw)
+    return fastdllm.generate(model, ids, am, rules=rules, **kw)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS[:3])
 @pytest.mark.parametrize("shift,rules", SHIFT_RULES)
 def test_refresh_every_one_equals_uncached(layout, shift, rules):
@@ -70,8 +81,8 @@ def test_refresh_every_one_equals_uncached(layout, shift, rules):
     model = tiny_model(shift=shift)
     ids, am = prompts(padded=True)
     for rule in RULES:
-        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, rules=rules, **rule)
         for cache in ("prefix", "dual"):
+            ref = uncached_block_sampler(model, ids, am, cache, rules, gen_length=G, block_length=L, steps=S, **rule)
             out = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S,
                                     cache=cache, refresh_every=1, rules=rules, **rule)
             same(out, ref)
@@ -82,8 +93,8 @@ def test_one_layer_caches_are_exact(shift, rules):
     model = tiny_model(n_layers=1, shift=shift)
     ids, am = prompts(padded=True)
     for (G, L, S), rule in itertools.product(LAYOUTS[:2], RULES):
-        ref = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S, rules=rules, **rule)
         for cache in ("prefix", "dual"):
+            ref = uncached_block_sampler(model, ids, am, cache, rules, gen_length=G, block_length=L, steps=S, **rule)
             out = fastdllm.generate(model, ids, am, gen_length=G, block_length=L, steps=S,
                                     cache=cache, rules=rules, **rule)
             same(out, ref)

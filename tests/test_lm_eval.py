@@ -111,10 +111,11 @@ def test_model_args_build_one_strategy(ckpts):
     custom = lem.fastdllm_sampler(None, dict(policy="prefix", factor=2.0, gen_length=16, block_length=8,
                                              temperature=0.0, stop_at_eos=True))
     assert (custom.policy, custom.rule, custom.option("factor"), custom.stop_at_eos) == ("prefix", "factor", 2.0, True)
-    # giving the options of two rules (at their defaults or not) is refused naming them
+    # bad model args are refused naming them (the options of two rules: at their defaults or not)
     for kw, match in ((dict(strategy="bd3lm"), "strategy"), (dict(strategy="table1"), "strategy"),
                       (dict(strategy="baseline_semiar", policy="dual"), "fixes"), (dict(policy="exact"), "BD3-LM"),
-                      (dict(threshold=0.8, factor=2.0), "threshold"), (dict(threshold=0.9, factor=1.0), "threshold"),
+                      (dict(threshold=0.8, factor=2.0), "factor|threshold"),
+                      (dict(threshold=0.9, factor=1.0), "factor|threshold"),
                       (dict(dtype="fp8"), "dtype")):
         with pytest.raises(ValueError, match=match):
             lem.FastDLLMEvalLM(pretrained=str(ckpts["llada"]), gen_length=16, block_length=8,
