@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import MISSING, dataclass, fields, is_dataclass
+from functools import lru_cache
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any, Iterable, Mapping, Optional
@@ -144,6 +145,7 @@ def register(kind: str, name: str):
     return add
 
 
+@lru_cache(maxsize=None)
 def _packages() -> tuple[str, ...]:
     """The method packages' top-level names: the core first, then the entry points' in name order."""
     eps = sorted(entry_points(group="dlm.methods"), key=lambda e: e.name)
@@ -163,6 +165,11 @@ def names(kind: str) -> tuple[str, ...]:
     """Registered names of ``kind`` in a fixed order whatever the import order: by package (the
     core first), module, then place in the module."""
     load()
+    return _sorted_names(kind, len(_ORDER))  # cached until the next registration
+
+
+@lru_cache(maxsize=None)
+def _sorted_names(kind: str, registrations: int) -> tuple[str, ...]:
     packages = _packages()
 
     def key(item):

@@ -39,7 +39,7 @@ from dlm.sample import StepView
 from dlm.spec import Sampler, generate
 from experiments.cli import UserError, add_run_args, device_of, dtype_of, reading, run_main, set_threads
 from experiments.cli import parser as entry_parser
-from experiments.sampler_flags import add_sampler_args, sampler_from_args
+from experiments.sampler_flags import add_sampler_args, as_flags, sampler_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
@@ -183,7 +183,7 @@ def setup(parser: argparse.ArgumentParser, args) -> Setup:
     try:  # a block model's block size is known only once it is loaded: one block until then
         sampler_from_args(args, block_model=(args.block_length or args.gen_length, "prompt") if block_model else None)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(as_flags(str(e)))
     set_threads(args.threads)
     device = device_of(args.device)
     dtype = dtype_of(args.dtype, device)
@@ -198,13 +198,13 @@ def setup(parser: argparse.ArgumentParser, args) -> Setup:
             with reading("--model", args.model or DEFAULT_MODEL):
                 (model, tok), size_align = load(args.model, dtype, device), None
         except UserError as e:
-            parser.error(str(e))
+            parser.error(as_flags(str(e)))
     try:
         sampler = sampler_from_args(args, block_model=size_align)
         if block_model and "top_p" not in dict(sampler.options):  # BD3-LM proposes from SUBS
             sampler = sampler.with_(top_p=1.0)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(as_flags(str(e)))
     return Setup(model.to(device), tok, sampler, device)
 
 

@@ -237,7 +237,8 @@ def fastdllm_sampler(strategy: Optional[str], model_args: dict) -> Sampler:
     else:
         sampler = sampler_from_model_args(f"fastdllm_{values.get('policy', 'none')}", values)
     if registry.get("policy", sampler.policy).block_model:
-        raise ValueError(f"policy {sampler.policy!r} needs a BD3-LM model: use the bd3lm model of lm-eval")
+        given = f"strategy={strategy}" if strategy is not None else f"policy={sampler.policy}"
+        raise ValueError(f"{given}: a block-diffusion sampler needs a BD3-LM model: use the bd3lm model of lm-eval")
     return sampler
 
 

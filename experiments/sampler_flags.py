@@ -8,6 +8,7 @@ belongs to. A new method's parameters become flags here without any change to th
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any, Mapping, Optional
 
 from dlm import registry
@@ -28,10 +29,26 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def option_listing() -> str:
+    """Every registered option: its flag, the methods it belongs to, their defaults and its help."""
+    lines = ["options of the registered methods (dlm.registry); a flag sets it for the methods that have it:"]
+    for name, entries in sorted(registry.every_param(("rule", "policy", "proposal", "family")).items()):
+        prm = entries[0][2]
+        defaults = ", ".join(sorted({f"{p.default!r}" for _, _, p in entries}))
+        choices = f" {{{','.join(map(str, prm.choices))}}}" if prm.choices else ""
+        lines += [f"{prm.flag}{choices}  ({_owners(entries)}; default {defaults})", f"    {prm.help}"]
+    return "\n".join(lines)
+
+
 def add_sampler_args(p: argparse.ArgumentParser, gen_length: int = 64) -> None:
     """``--policy --rule --family --gen-length --block-length --steps --stop-at-eos`` and one flag per
-    registered parameter (default: unset, the method's own default)."""
-    g = p.add_argument_group("sampler (every name and option from the registry: dlm.registry)")
+    registered option (default: unset, the method's own default), named in the help and described
+    by ``--list-options`` (so the help stays short however many methods register)."""
+    every = registry.every_param(("rule", "policy", "proposal", "family"))
+    g = p.add_argument_group(
+        "sampler", "every name and option from the registry (dlm.registry); option flags: "
+        + " ".join(prm.flag for prm in (entries[0][2] for _, entries in sorted(every.items())))
+        + " (--list-options describes them)")
     g.add_argument("--policy", default="none", choices=registry.names("policy"), help="cache policy (default none)")
     g.add_argument("--rule", default=None, choices=registry.names("rule"),
                    help="commit rule (default: the one rule whose options are given, else topk)")
@@ -42,13 +59,29 @@ def add_sampler_args(p: argparse.ArgumentParser, gen_length: int = 64) -> None:
                    help=f"block length (default {DEFAULT_BLOCK}; a block-model policy: the model's block size)")
     g.add_argument("--steps", type=int, default=None, metavar="S", help="steps of the scheduled rules in all (default G)")
     g.add_argument("--stop-at-eos", action="store_true", help="stop after the block that holds EOS")
-    for name, entries in sorted(registry.every_param(("rule", "policy", "proposal", "family")).items()):
+    g.add_argument("--list-options", action=_ListOptions, help="describe every option flag and exit")
+    for name, entries in sorted(every.items()):
         prm = entries[0][2]
-        default = "; default " + ", ".join(sorted({f"{p.default!r}" for _, _, p in entries}))
-        help_ = f"{prm.help} ({_owners(entries)}{default})"
         kind = {bool: _bool, int: int, float: float, str: str}[prm.type]
         g.add_argument(prm.flag, dest=f"opt_{name}", type=kind, default=None, choices=prm.choices,
-                       metavar=None if prm.choices else "{true,false}" if prm.type is bool else name.upper(), help=help_)
+                       help=argparse.SUPPRESS)
+
+
+class _ListOptions(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(option_listing())
+        parser.exit()
+
+
+def as_flags(message: str) -> str:
+    """A sampler's error with its field and option names as this command's flags
+    (``gen_length must be`` -> ``--gen-length must be``)."""
+    names = set(SPEC_FIELDS[1:]) | set(registry.every_param())
+    return re.sub(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b(?= must| \(an option|=| is not)",
+                  lambda m: "--" + m[1].replace("_", "-"), message)
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
