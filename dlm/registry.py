@@ -14,7 +14,7 @@ contract tests run, when the default would not exercise the method on a tiny ran
 (``"steps_per_block"``, ``"block_length"``, ``"at_block"``).
 
 Everything that lists methods reads them from here: the CLI flags and ``--help``
-(``experiments.cli``), the :class:`dlm.spec.Sampler` options, lm-eval ``model_args``, the grids
+(``harness.cli``), the :class:`dlm.spec.Sampler` options, lm-eval ``model_args``, the grids
 and the contract tests. The method packages register on import; :func:`load` imports every
 package named in the ``dlm.methods`` entry-point group (``pyproject.toml``), so a new module in
 one of them is found without being named anywhere else.

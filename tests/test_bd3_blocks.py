@@ -9,7 +9,7 @@ import pytest
 
 from tiny import tokenizer_model
 from research import bd3_blocks
-from experiments.common import read_jsonl
+from harness.results import read_jsonl
 
 
 @pytest.fixture(scope="module")
