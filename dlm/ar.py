@@ -1,5 +1,5 @@
 """Autoregressive decoding as a cache policy of the one loop (:func:`dlm.sample.denoise`): the
-"AR + KV cache" row of ``experiments.compute_cost``, for models trained left to right
+"AR + KV cache" row of ``experiments.bench.compute_cost``, for models trained left to right
 (``dlm.objectives.ARSFTLoss``; a Dream-style model before its diffusion adaptation).
 
 Blocks are single columns (``block_length = 1``, one step each). The first step prefills the

@@ -15,7 +15,7 @@ method on a tiny random model), ``derived``: the field is filled from the sample
 user (``"steps_per_block"``, ``"block_length"``, ``"at_block"``).
 
 Everything that lists methods reads them from here: the CLI flags and ``--help``
-(``experiments.cli``), the :class:`dlm.spec.Sampler` options, lm-eval ``model_args``, the grids
+(``harness.cli``), the :class:`dlm.spec.Sampler` options, lm-eval ``model_args``, the grids
 and the contract tests. The method packages register on import; :func:`load` imports every
 package named in the ``dlm.methods`` entry-point group (``pyproject.toml``), so a new module in
 one of them is found without being named anywhere else.

@@ -5,7 +5,7 @@ and never remasks it (LLaDA Alg. 2's low-confidence remasking only chooses *whic
 columns to commit), so ``GenerateOutput.commit_step`` (G,) and the final answer determine the
 whole trajectory: after step ``s`` column ``j`` holds ``answer[j]`` iff
 ``0 <= commit_step[j] <= s``, else [MASK]. Pure tensor helpers; plotting lives in
-``experiments/trace.py``.
+``experiments/cli/trace.py``.
 """
 
 from __future__ import annotations

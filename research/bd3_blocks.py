@@ -26,10 +26,10 @@ from bd3lm import BD3LM
 from dlm.checkpoints import weights_fingerprint
 from tasks import fewshot_examples, generate_problems
 from tasks.evaluate import wilson_ci
-from experiments.cli import set_threads
-from experiments.common import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
+from harness.cli import set_threads
+from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
-from experiments.evaluate import evaluate
+from harness.evaluate import evaluate
 from dlm.spec import Sampler
 
 DEFAULT_MODELS = [str(REPO / "results" / "checkpoints" / f"bd3lm-arith-{b}") for b in (4, 8, 16)]

@@ -36,8 +36,8 @@ from dlm.io import stable_json
 from dlm.checkpoints import load_model
 from tasks import DEFAULT_TEMPLATE, generate_problems
 from tasks.sft_data import encode_prompt
-from experiments.cli import set_threads
-from experiments.common import arith_config_of, atomic_write_text, git_sha, repo_relative
+from harness.cli import set_threads
+from harness.results import arith_config_of, atomic_write_text, git_sha, repo_relative
 from research.testbed import DEFAULT_MODEL
 
 PROBES = ("line_left", "line_rest", "final_chain", "final_question")

@@ -23,10 +23,10 @@ from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from tasks import generate_problems
 from tasks.evaluate import wilson_ci
-from experiments.cli import markdown_table, set_threads
-from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl, repo_relative,
+from harness.cli import markdown_table, set_threads
+from harness.results import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl, repo_relative,
                                 sample_shas)
-from experiments.evaluate import evaluate
+from harness.evaluate import evaluate
 from dlm.spec import Sampler
 
 RULE_SETS = ("dream", "llada")

@@ -34,10 +34,10 @@ from tasks import (extract_strict, fewshot_examples, generate_problems, parse_ch
                        reasoning_lines)
 from tasks.evaluate import mcnemar_exact, wilson_ci
 from tasks.sft_data import encode_answer
-from experiments.cli import set_threads
-from experiments.common import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
+from harness.cli import set_threads
+from harness.results import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
-from experiments.evaluate import evaluate
+from harness.evaluate import evaluate
 from dlm.spec import Sampler
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"

@@ -1,6 +1,6 @@
 """Evaluation helpers shared by the entry points: left padding (and batches of similar prompt
 lengths, with the padding they waste), decoding up to the first stop id,
-the Wilson interval and the exact McNemar test (the evaluation loop is ``experiments.evaluate``)."""
+the Wilson interval and the exact McNemar test (the evaluation loop is ``harness.evaluate``)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from tasks import countdown, reversal, sudoku
 from dlm.checkpoints import load_model
 from tasks.pairs import Pair, PairBatches
 from dlm.tokenizer import build_word_tokenizer
-from experiments import anyorder
+from experiments.eval import anyorder
 
 
 def test_sudoku_generator_and_checker():
@@ -104,7 +104,7 @@ def test_pair_batches_layout():
 
 def test_harness_runs_and_reports(tmp_path, shared_data):
     shared_data("reasoning/countdown/cd3_test.jsonl")  # the harness scores the mirror's Countdown test set
-    from experiments.train_anyorder import main as train
+    from experiments.train.train_anyorder import main as train
 
     small = ["--steps", "2", "--warmup", "1", "--batch-size", "4", "--d-model", "16", "--n-layers", "1",
              "--n-heads", "2", "--threads", "1"]

@@ -9,7 +9,7 @@ import pytest
 
 from tiny import tokenizer_model
 from research import bd3_blocks
-from experiments.common import read_jsonl
+from harness.results import read_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_cached_equals_uncached_and_resume(bd3_ckpt, tmp_path, monkeypatch):
     def no_compute(*a, **k):
         raise AssertionError("resumed run recomputed a sample")
 
-    monkeypatch.setattr("experiments.strategy.Strategy.run", no_compute)
+    monkeypatch.setattr("harness.evaluate.generate", no_compute)
     bd3_blocks.main(argv)
     assert {p.name: p.read_text() for p in tmp_path.glob("*.jsonl")} == before
     with pytest.raises(ValueError, match="--out"):  # another config into the same files

@@ -123,7 +123,7 @@ def test_block_independence(P):
 def test_training_flop_ratios_of_the_benchmark():
     """The benchmark's FLOP floors: one block (L' = L) is MDLM exactly; the allowed-pairs count is
     below the dense count and equals the brute-force count of the mask."""
-    from experiments.bench_bd3lm import flop_ratios
+    from experiments.bench.bench_bd3lm import flop_ratios
     from tiny import tiny_config
 
     cfg = tiny_config()

@@ -1,11 +1,11 @@
-"""experiments.bench_load on a tiny random shape: every strategy at every batch size, positive
+"""experiments.bench.bench_load on a tiny random shape: every strategy at every batch size, positive
 throughput and roofline numbers, the crossover read off the rows, files written."""
 
 import json
 
 import pytest
 
-from experiments import bench_load
+from experiments.bench import bench_load
 
 
 def test_tiny_shape_runs_and_reports(tmp_path):

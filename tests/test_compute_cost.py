@@ -1,4 +1,4 @@
-"""experiments.compute_cost: the analytic forwards equal what real samplers count.
+"""experiments.bench.compute_cost: the analytic forwards equal what real samplers count.
 
 Real runs on tiny float64 models (top-k schedules, so step counts are deterministic; BD3-LM
 with ``stop_at_eos=False``). FLOPs are compared with a relative tolerance of 1e-12 (the
@@ -18,7 +18,7 @@ from dlm.attention import causal_mask
 from dlm.cache import KVCache
 from dlm.llada import generate as baseline_generate
 from dlm.stats import forward_flops
-from experiments import compute_cost as cc
+from experiments.bench import compute_cost as cc
 from tiny import random_prompts, tiny_model
 
 P = 5

@@ -15,9 +15,9 @@ import torch
 from dlm import registry
 from dlm.cache import KVCache
 from dlm.spec import Sampler, generate
-from experiments.generate import parser
-from experiments.grids import caches
-from experiments.sampler_flags import sampler_from_args, sampler_from_model_args
+from experiments.cli.generate import parser
+from harness.grids import caches
+from harness.sampler_flags import sampler_from_args, sampler_from_model_args
 from methods.dllm_cache import DLLMCache
 from tiny import random_prompts, tiny_model
 

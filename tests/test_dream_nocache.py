@@ -44,15 +44,9 @@ import fastdllm
 from dlm.attention import key_padding_mask
 from tiny import fastdllm_model, fastdllm_prompts, left_pad, unpad
 
-try:  # the experiments' strategy (cache "none") and Dream's sampler in dlm
-    from dlm.dream import generate as dream_generate
-    from experiments.strategy import Strategy
-
-    Sampler = None
-except ImportError:  # the registry layout: one sampler spec (policy "none") and one entry
-    from dlm.spec import Sampler
-    from dlm.spec import generate as run_sampler
-    from dream.sampler import generate as dream_generate
+from dlm.spec import Sampler
+from dlm.spec import generate as run_sampler
+from dream.sampler import generate as dream_generate
 
 BASE = fastdllm_model(n_layers=2, shift=True)
 MASK = BASE.config.mask_token_id
@@ -198,8 +192,6 @@ def spec_run(model, ids, am, G, L, S, generator=None, **kw):
     """The experiments' spelling of the cache-free Dream path: cache / policy ``"none"`` (a string),
     Dream's rules, ``L`` None for one block."""
     rule = "threshold" if "threshold" in kw else "factor" if "factor" in kw else "topk"
-    if Sampler is None:
-        return Strategy("nocache", "none", rule, G, L, S, rules="dream", **kw).run(model, ids, am, generator=generator)
     spec = Sampler.of("nocache", policy="none", rule=rule, family="dream", gen_length=G, block_length=L, steps=S, **kw)
     return run_sampler(model, ids, am, spec, generator=generator)
 

@@ -1,4 +1,4 @@
-"""experiments.drift: what is and is not exact in Fast-dLLM's approximate cache.
+"""experiments.eval.drift: what is and is not exact in Fast-dLLM's approximate cache.
 
 - refresh every step: every step is a full forward, identical to the exact recomputation, so
   K/V errors and KL are exactly 0 and no token differs;
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from experiments import drift
+from experiments.eval import drift
 from tiny import random_prompts, tiny_model
 
 CFG = dict(gen=12, block=4)

@@ -9,9 +9,9 @@ import torch
 
 from dlm import registry
 from dlm.spec import Sampler, generate
-from experiments.generate import parser
-from experiments.grids import sweep
-from experiments.sampler_flags import sampler_from_args, sampler_from_model_args
+from experiments.cli.generate import parser
+from harness.grids import sweep
+from harness.sampler_flags import sampler_from_args, sampler_from_model_args
 from methods.eb_sampler import EntropyBounded, select_entropy_bounded
 from tiny import random_prompts, tiny_model
 

@@ -1,8 +1,8 @@
-"""Every ``python -m experiments.X`` behaves for users: ``--help`` of at most 60 lines named
-``python -m experiments.X``; a user error (bad flag value, missing file or folder) is one line on
+"""Every entry point (``python -m experiments.<role>.X``) behaves for users: ``--help`` of at most 60
+lines named by its ``python -m`` command; a user error (bad flag value, missing file or folder) is one line on
 stderr naming the flag or path and exit status 2, never a traceback; bugs keep theirs.
 
-In-process through each module's ``main`` and :func:`experiments.cli.run_main` (what every
+In-process through each module's ``main`` and :func:`harness.cli.run_main` (what every
 ``__main__`` block runs, checked on the source); one subprocess test proves the real command."""
 
 from __future__ import annotations
@@ -17,12 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli
+from harness import cli
 
 REPO = Path(__file__).resolve().parents[1]
-#: the entry points: every module of experiments/ with a ``__main__`` block
-ENTRY_POINTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py")
-                      if 'if __name__ == "__main__":' in p.read_text())
+#: the entry points: every module of experiments/ (and harness/) with a ``__main__`` block, by short
+#: name (a package's ``__main__.py`` by the package's) -> its file
+FILES = {(p.parent.name if p.stem == "__main__" else p.stem): p for pkg in ("experiments", "harness")
+         for p in sorted((REPO / pkg).rglob("*.py")) if 'if __name__ == "__main__":' in p.read_text()}
+ENTRY_POINTS = sorted(FILES)
+#: the dotted module of each entry point, and what follows ``python -m`` to run it
+MODULES = {n: ".".join(p.relative_to(REPO).with_suffix("").parts) for n, p in FILES.items()}
+COMMANDS = {n: m.removesuffix(".__main__") for n, m in MODULES.items()}
 #: entry points edited elsewhere that do not end with run_main(main) yet (drop each once it does)
 NOT_YET: dict = {}  # entry points whose __main__ block is not run_main(main) yet: none
 
@@ -30,18 +35,20 @@ NOT_YET: dict = {}  # entry points whose __main__ block is not run_main(main) ye
 def _module(name: str):
     if name == "lm_eval_models":
         pytest.importorskip("lm_eval")
-    return importlib.import_module(f"experiments.{name}")
+    return importlib.import_module(MODULES[name])
 
 
 def test_the_entry_points_are_found():
     assert {"generate", "gsm8k", "reproduce", "perplexity", "trace", "train_llada", "lm_eval_models",
-            "bench_load"} <= set(ENTRY_POINTS)
+            "bench_load", "headline", "report"} <= set(ENTRY_POINTS)
+    assert len(FILES) == len({p for pkg in ("experiments", "harness") for p in (REPO / pkg).rglob("*.py")
+                              if 'if __name__ == "__main__":' in p.read_text()})  # short names are unique
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=NOT_YET[n], strict=True))
                                   if n in NOT_YET else n for n in ENTRY_POINTS])
 def test_main_block_is_run_main(name):
-    tree = ast.parse((REPO / "experiments" / f"{name}.py").read_text())
+    tree = ast.parse(FILES[name].read_text())
     block = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
     assert len(block) == 1 and [ast.unparse(s) for s in block[0].body] == ["run_main(main)"]
 
@@ -53,12 +60,12 @@ def test_help_is_short_and_named(name, capsys, monkeypatch):
         _module(name).main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert out.startswith(f"usage: python -m experiments.{name}"), out[:200]
+    assert out.startswith(f"usage: python -m {COMMANDS[name]}"), out[:200]
     assert len(out.splitlines()) <= 60, f"{name} --help has {len(out.splitlines())} lines"
 
 
 def _user_error(name: str, argv: list[str], capsys) -> str:
-    """The one stderr line of ``python -m experiments.<name> argv`` (status 2, no traceback)."""
+    """The one stderr line of ``python -m <module of name> argv`` (status 2, no traceback)."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         cli.run_main(_module(name).main, argv)
@@ -66,7 +73,7 @@ def _user_error(name: str, argv: list[str], capsys) -> str:
     assert exit_.value.code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"python -m experiments.{name}: error: "), lines[0]
+    assert lines[0].startswith(f"python -m {COMMANDS[name]}: error: "), lines[0]
     return lines[0]
 
 
@@ -128,8 +135,8 @@ def test_bugs_keep_their_traceback(monkeypatch):
 
 
 def test_list_strategies_instead_of_a_long_help(capsys):
-    from experiments import gsm8k
-    from experiments.grids import sampler_names
+    from experiments.eval import gsm8k
+    from harness.grids import sampler_names
 
     help_text = gsm8k.build_parser().format_help()
     assert "sw_dual_thr0p9" not in help_text and "--list-strategies" in help_text
@@ -146,7 +153,7 @@ def test_lm_eval_help_says_which_task_is_which(capsys):
 
 
 def test_reproduce_list_puts_training_last_and_says_full(capsys):
-    from experiments import reproduce
+    from experiments.reproduce import __main__ as reproduce
 
     assert reproduce.main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -159,7 +166,7 @@ def test_reproduce_list_puts_training_last_and_says_full(capsys):
 
 
 def test_reproduce_summary_names_the_skipped_jobs():
-    from experiments.reproduce import Outcome, summary
+    from experiments.reproduce.__main__ import Outcome, summary
 
     res = {n: Outcome("skipped") for n in ("drift_dual", "drift_prefix", "trace_bd3lm_g64", "cost_x")}
     text = summary({"gsm8k_256": Outcome("ran", 1.0), **res}, 60.0, Path("logs"), None)
@@ -171,9 +178,9 @@ def test_reproduce_summary_names_the_skipped_jobs():
 def test_python_m_generate_with_a_missing_model_is_one_line(tmp_path):
     """The README's quick-start command with a folder that does not exist, as a user runs it."""
     missing = tmp_path / "DIR"
-    res = subprocess.run([sys.executable, "-m", "experiments.generate", "--model", str(missing), "--gen-length", "256",
-                          "--block-length", "32", "--steps", "256", "--dtype", "auto"], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "experiments.cli.generate", "--model", str(missing),
+                          "--gen-length", "256", "--block-length", "32", "--steps", "256", "--dtype", "auto"], cwd=REPO, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().splitlines() == [f"python -m experiments.generate: error: --model {missing}: checkpoint "
-                                               f"directory '{missing}' does not exist"]
+    assert res.stderr.strip().splitlines() == [f"python -m experiments.cli.generate: error: --model {missing}: "
+                                               f"checkpoint directory '{missing}' does not exist"]

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(tmp_path):
     env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_PRESET": "tiny", "GPU_CHECK_DTYPE": "float32",
            "GPU_CHECK_PROMPT": "16", "GPU_CHECK_GENS": "32", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(REPO / "experiments" / "gpu_check.sh"), str(tmp_path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", str(REPO / "experiments" / "bench" / "gpu_check.sh"), str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no flash rows" in done.stdout
     res = json.loads((tmp_path / "tiny_sdpa.json").read_text())
@@ -30,7 +30,7 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(tmp_path):
 
 
 def test_real_shape_is_read_from_the_mirror_config(shared_data):
-    from experiments.shapes import real_shape
+    from harness.shapes import real_shape
 
     cfg = json.loads(shared_data("models/LLaDA-8B-Instruct/config.json").read_text())  # skips first when absent
     shape = real_shape("llada8b")

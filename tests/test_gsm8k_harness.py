@@ -1,4 +1,4 @@
-"""GSM8K harness (experiments.gsm8k / strategies / report) on a tiny random checkpoint.
+"""GSM8K harness (experiments.eval.gsm8k / strategies / report) on a tiny random checkpoint.
 
 Timing is made reproducible with a fake clock (each sampler call takes exactly ``step`` seconds),
 so a resumed run must give byte-identical JSONL and tables to an uninterrupted one.
@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from dlm import save_model
-from experiments import gsm8k, report
-from experiments.common import encode_question, merge_logs, read_jsonl
+from experiments.eval import gsm8k
+from harness import report
+from harness.results import encode_question, merge_logs, read_jsonl
 from dlm.spec import Sampler
 from tiny import tokenizer_model
 
@@ -273,7 +274,7 @@ def test_two_process_run_merges_into_single_process_result(ckpt, tmp_path):
             "--dtype", "float64", "--strategies", "fastdllm_dual", "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), "-m", "experiments.gsm8k", *args, "--out", str(out)]
+           str(_free_port()), "-m", "experiments.eval.gsm8k", *args, "--out", str(out)]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     gsm8k.run(gsm8k.parse_config(args + ["--out", str(ref)]), clock=FakeClock())

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from experiments import gsm8k
-from experiments.common import read_jsonl
+from experiments.eval import gsm8k
+from harness.results import read_jsonl
 from test_gsm8k_harness import TWO, FakeClock, argv, ckpt, run  # noqa: F401  (ckpt: fixture)
 
 
@@ -84,7 +84,7 @@ def test_dtype_auto_is_hashed_as_the_dtype_it_resolves_to(ckpt, tmp_path):
 def test_config_records_checkout_paths_relative(ckpt, tmp_path, monkeypatch):
     """An absolute path inside the checkout is recorded relative to it (results carry no machine's
     paths); one outside it stays as given."""
-    from experiments.common import REPO
+    from harness.results import REPO
 
     inside = REPO / "results" / "checkpoints" / "llada-arith"
     monkeypatch.setattr("sys.argv", ["gsm8k", "--model", str(inside), "--out", str(tmp_path / "o"), "--limit", "4"])

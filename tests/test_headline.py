@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments import headline
+from experiments.reproduce import headline
 from tasks.evaluate import mcnemar_exact
 
 
@@ -19,7 +19,8 @@ def _recs(correct, seconds, tokens=10, flops=None, start=0):
 
 @pytest.mark.slow  # reads every per-sample file of results/ (~8 s)
 def test_readme_block_and_results_doc_equal_what_the_files_give():
-    assert headline.main(["--check"]) == 0, "run python -m experiments.headline and commit README.md, docs/results.md"
+    assert headline.main(["--check"]) == 0, ("run python -m experiments.reproduce.headline and commit README.md, "
+                                              "docs/results.md")
 
 
 def test_paired_statistics_match_a_direct_computation():
@@ -68,7 +69,7 @@ def test_each_headline_speed_up_is_the_one_its_linked_table_prints():
     """The paired recomputation agrees with the table a row links (same problems, same throughput)."""
     import re
 
-    from experiments.common import REPO
+    from harness.results import REPO
 
     text = (REPO / "README.md").read_text()
     block = text[text.index(headline.START):text.index(headline.END)]

@@ -1,5 +1,6 @@
 """Import direction of the packages: the core ``dlm`` imports neither strategy package nor the
-experiments, and the library packages (dlm, fastdllm, bd3lm) have no import cycles.
+experiments, the harness imports neither the experiments nor the research probes, and the library
+packages (dlm, fastdllm, bd3lm, tasks, harness) have no import cycles.
 
 The static checks read every ``import`` statement with :mod:`ast`, function-local ones included
 (a local import still makes a cycle, it only hides it until call time). Run as a script
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LIBRARY = ("dlm", "fastdllm", "bd3lm", "tasks")
-ABOVE_CORE = ("fastdllm", "bd3lm", "tasks", "experiments", "research")
+LIBRARY = ("dlm", "fastdllm", "bd3lm", "tasks", "harness")
+ABOVE_CORE = ("fastdllm", "bd3lm", "tasks", "harness", "experiments", "research")
 
 
 def module_files(package: str) -> dict[str, Path]:
@@ -113,14 +114,22 @@ def test_no_import_cycles_in_the_library():
 
 def test_core_imports_nothing_above_it():
     assert upward_imports("dlm") == []
-    for pkg in ("fastdllm", "bd3lm"):  # the strategy packages import the core, never the experiments
-        assert upward_imports(pkg, ("experiments", "research")) == []
+    for pkg in ("fastdllm", "bd3lm"):  # the strategy packages import the core, never the harness or experiments
+        assert upward_imports(pkg, ("harness", "experiments", "research")) == []
 
 
 def test_the_tasks_are_data_not_methods():
     """tasks (the testbed's procedural tasks, GSM8K loading, their tokenizer) builds on the core
     only: no sampler package, no experiments."""
-    assert upward_imports("tasks", ("fastdllm", "bd3lm", "experiments", "research")) == []
+    assert upward_imports("tasks", ("fastdllm", "bd3lm", "harness", "experiments", "research")) == []
+
+
+def test_the_harness_is_a_library_below_the_entry_points():
+    """harness (results I/O, the evaluation loop, reports, the entry points' plumbing) is imported by
+    experiments and research, and imports neither."""
+    assert upward_imports("harness", ("experiments", "research")) == []
+    graph = import_graph(("harness", "experiments"))
+    assert "harness.results" in graph["harness.evaluate"] and "harness.cli" in graph["experiments.eval.gsm8k"]
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""lm-eval models ``fastdllm`` / ``bd3lm`` (experiments.lm_eval_models) on tiny random checkpoints.
+"""lm-eval models ``fastdllm`` / ``bd3lm`` (experiments.cli.lm_eval_models) on tiny random checkpoints.
 
 Skipped when lm-eval is not installed (``pip install -e ".[eval]"``)."""
 
@@ -21,7 +21,7 @@ from dlm.llada import generate  # noqa: E402
 from dlm.sample import GenerateOutput  # noqa: E402
 from dlm.spec import generate as run_sampler, resolve_family  # noqa: E402
 from tasks.evaluate import length_batches, padding_waste  # noqa: E402
-from experiments import lm_eval_models as lem  # noqa: E402
+from experiments.cli import lm_eval_models as lem  # noqa: E402
 from tiny import tokenizer_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     train, test = _gsm8k_files(tmp_path)
-    yaml_text = (REPO / "experiments" / "lm_eval_tasks" / "gsm8k_local.yaml").read_text()
+    yaml_text = (REPO / "experiments" / "cli" / "lm_eval_tasks" / "gsm8k_local.yaml").read_text()
     assert "../shared/data/gsm8k/test.jsonl" in yaml_text
     yaml_text = (yaml_text.replace("../shared/data/gsm8k/train.jsonl", str(train))
                  .replace("../shared/data/gsm8k/test.jsonl", str(test))

@@ -11,13 +11,13 @@ import statistics
 import pytest
 import torch
 
-import experiments.perplexity_jobs as jobs
+import experiments.perplexity.jobs as jobs
 from bd3lm.data import CharTokenizer, build_dataset, char_span, load_tokenizer, special_ids
-from experiments.common import read_jsonl
-from experiments.perplexity import parse_config, run
-from experiments.perplexity_config import DATASETS, locate
-from experiments.perplexity_report import bars, paper_gap_shares
-from experiments.perplexity_seeds import SEPARATION, paired_ci, render, seed_configs, summarize
+from harness.results import read_jsonl
+from experiments.perplexity.__main__ import parse_config, run
+from experiments.perplexity.config import DATASETS, locate
+from experiments.perplexity.report import bars, paper_gap_shares
+from experiments.perplexity.seeds import SEPARATION, paired_ci, render, seed_configs, summarize
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
 
@@ -242,7 +242,7 @@ def test_paired_by_seed_takes_out_the_shared_seed_noise():
 
 
 def test_t_quantile_matches_tables():
-    from experiments.perplexity_seeds import t_quantile
+    from experiments.perplexity.seeds import t_quantile
 
     table = {(0.975, 1): 12.7062047362, (0.975, 2): 4.30265272975, (0.975, 10): 2.22813885196,
              (0.975, 49): 2.00957523713, (0.995, 5): 4.03214298356, (0.95, 30): 1.69726088659}

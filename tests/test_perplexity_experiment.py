@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import experiments.perplexity_jobs as jobs
+import experiments.perplexity.jobs as jobs
 from dlm.attention import causal_mask
 from dlm.likelihood import mc_perplexity
-from experiments.common import config_hash, read_jsonl
-from experiments.perplexity import main, parse_config, run
+from harness.results import config_hash, read_jsonl
+from experiments.perplexity.__main__ import main, parse_config, run
 from conftest import find_shared_data
 from tiny import random_prompts, tiny_model
 

@@ -1,4 +1,4 @@
-"""Plots read at a glance (experiments/plots.py, plot_labels.py, trace.py): the Pareto plot's labels
+"""Plots read at a glance (harness/plots.py, plot_labels.py, trace.py): the Pareto plot's labels
 never overlap (rendered boxes), every point belongs to a legend entry whose words match what it
 draws, the title names the data from the run's config; the trace picture wraps into rows that
 fit ~1400 px at a fixed dpi. Built from the committed results files only (no ../shared)."""
@@ -16,9 +16,10 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments import plots, trace  # noqa: E402
-from experiments.plot_labels import candidate_offsets, overlapping_pairs, segment_hits_box  # noqa: E402
-from experiments.report import Row  # noqa: E402
+from experiments.cli import trace  # noqa: E402
+from harness import plots  # noqa: E402
+from harness.plot_labels import candidate_offsets, overlapping_pairs, segment_hits_box  # noqa: E402
+from harness.report import Row  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHAIN_256 = REPO / "results" / "gsm8k_chain_256"

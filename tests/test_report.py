@@ -1,4 +1,4 @@
-"""experiments.report never states something its rows do not support: a missing baseline row is
+"""harness.report never states something its rows do not support: a missing baseline row is
 named (speed-ups relative to another row, said in table.md / table.csv / table.json / ablation.md),
 and throughputs from different batch sizes are flagged next to the throughput."""
 
@@ -8,7 +8,7 @@ import csv
 import io
 import json
 
-from experiments import report
+from harness import report
 
 FACTORS = {
     "baseline_semiar": {"kind": "baseline", "cache": "none", "parallel": "topk", "stop_at_eos": False,
@@ -102,7 +102,7 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.plot_labels import marker_boxes, overlapping_pairs, place_labels
+    from harness.plot_labels import marker_boxes, overlapping_pairs, place_labels
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     pts = [(50 + i, 60 + (i % 3)) for i in range(8)] + [(3, 40), (3.1, 41)]
@@ -125,7 +125,7 @@ def test_pareto_labels_do_not_overlap_in_a_crowded_small_run():
 
 def test_paired_mcnemar_against_the_baseline_counts_shared_problems():
     from tasks.evaluate import mcnemar_exact
-    from experiments.report import paired_test
+    from harness.report import paired_test
 
     base = [{"id": i, "correct": c} for i, c in enumerate([1, 1, 1, 0, 0, 1, 0, 1])]
     other = [{"id": i, "correct": c} for i, c in enumerate([1, 0, 0, 1, 0, 1, 1, 0])] + [{"id": 99, "correct": 1}]
@@ -141,7 +141,7 @@ def test_frontier_and_fastest_not_worse_match_brute_force():
     import itertools
     import random
 
-    from experiments.report import Row, frontier
+    from harness.report import Row, frontier
 
     rng = random.Random(0)
     for trial in range(200):
@@ -186,7 +186,7 @@ def test_flop_ideal_is_the_ratio_of_flops_per_token_and_absent_without_flops(tmp
 
 
 def test_frontier_of_the_reference_model_leaves_out_bd3lm_rows():
-    from experiments.report import Row, frontier
+    from harness.report import Row, frontier
 
     def row(name, kind, tps, acc):
         return Row(name, 100, acc, 0, 1, tps, 1.0, 1, 1, 1, 1, 1, {"kind": kind}, "", "", mcnemar_p=1.0)

@@ -17,8 +17,8 @@ from typing import Optional
 
 import pytest
 
-from experiments import reproduce
-from experiments.reproduce_plan import Job, plan
+from experiments.reproduce import __main__ as reproduce
+from experiments.reproduce.plan import Job, plan
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -73,7 +73,7 @@ def test_limit_caps_samples_and_full_uses_retrained_checkpoints():
 
 
 def _cost_job(name: str, out: Path, block: int = 32, after: tuple = ()) -> Job:
-    return Job(name, "experiments.compute_cost",
+    return Job(name, "experiments.bench.compute_cost",
                ("--prompt", 10, "--gen", 64, "--block", block, "--steps", 64, "--params", 1000, "--layers", 2,
                 "--d-model", 16, "--vocab", 50, "--md", out / f"{name}.md"),
                "test", (f"{name}.md",), after=after)
@@ -145,7 +145,7 @@ def test_jobs_die_with_a_killed_reproduce():
 
     code = textwrap.dedent("""
         import subprocess, sys, time
-        from experiments.reproduce import _die_with_parent
+        from experiments.reproduce.__main__ import _die_with_parent
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=_die_with_parent)
         print(p.pid, flush=True)
         time.sleep(120)
@@ -224,8 +224,8 @@ def test_a_rebuild_that_changes_nothing_writes_nothing(tmp_path, monkeypatch):
 TABLE_JOBS = ("perplexity_eval", "perplexity_report")
 #: table jobs whose writers still stamp the SHA of the build, not of the samples (owned elsewhere):
 #: research/testbed.py (meta "git_sha": git_sha(), the "git ..." line of testbed.md),
-#: research/bd3_blocks.py (the same in table.md / table.json), experiments/report.py
-#: ("report_git_sha" of table.json, "(report ...)" in table.md) and experiments/gsm8k.py (config.json
+#: research/bd3_blocks.py (the same in table.md / table.json), harness/report.py
+#: ("report_git_sha" of table.json, "(report ...)" in table.md) and experiments/eval/gsm8k.py (config.json
 #: "git_sha"); the GSM8K jobs find every sample recorded and rebuild their tables (~15 s each)
 OTHER_TABLE_JOBS = ("testbed_report", "testbed_loop_report", "testbed_chain_report", "testbed_chain_s50_report",
                     "bd3lm_blocks_report", "gsm8k_256", "gsm8k_512", "gsm8k_256_4shot", "gsm8k_512_4shot")
@@ -277,7 +277,7 @@ def test_a_noop_rebuild_of_a_fresh_clone_leaves_it_clean(tmp_path, shared, reque
     res = _rebuild(clone, TABLE_JOBS)
     assert res.returncode == 0, res.stdout + res.stderr
     assert _git(clone, "status", "--porcelain") == ""
-    sha = [sys.executable, "-c", "from experiments.common import git_sha; print(git_sha())"]
+    sha = [sys.executable, "-c", "from harness.results import git_sha; print(git_sha())"]
     (clone / "results" / "perplexity_laptop.md").write_text("edited")  # results are outputs, not code
     assert subprocess.run(sha, cwd=clone, capture_output=True, text=True).stdout.strip() == head
     (clone / "experiments" / "__init__.py").write_text("# edited\n")
@@ -294,7 +294,7 @@ def test_a_noop_rebuild_of_the_other_tables_leaves_a_clone_clean(tmp_path):
 
 def test_table_numbers_are_rounded_before_formatting():
     """Float noise in a drift table cannot print -0.000000 or a stray 1e-17 where 0 is meant."""
-    from experiments.drift import _num
+    from experiments.eval.drift import _num
 
     assert [_num(-1e-9, ".6f"), _num(-3e-17, ".3e"), _num(2e-17, ".3e"), _num(-0.0, ".2f")] == \
         ["0.000000", "0.000e+00", "0.000e+00", "0.00"]

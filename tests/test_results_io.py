@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.common import (REPO, JsonlLog, ResultsLockedError, lock_file_of, merge_logs, read_jsonl,
+from harness.results import (REPO, JsonlLog, ResultsLockedError, lock_file_of, merge_logs, read_jsonl,
                                 results_lock)
 
 FORK = multiprocessing.get_context("spawn")  # a fresh interpreter: inherits no locks or threads of the test process
@@ -166,7 +166,7 @@ def test_never_closed_log_is_released_at_process_exit(tmp_path):
     """A run in another interpreter that never closes its log: a second writer fails naming it;
     once the first exits (normally), the lock file is gone and the next writer starts cleanly."""
     path = tmp_path / "r.jsonl"
-    code = ("import sys; from experiments.common import JsonlLog; log = JsonlLog(sys.argv[1]); "
+    code = ("import sys; from harness.results import JsonlLog; log = JsonlLog(sys.argv[1]); "
             "log.append([{'id': 'x'}]); print('ready', flush=True); sys.stdin.readline()")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=REPO, env=env, text=True,

@@ -1,4 +1,4 @@
-"""The roofline cost model (experiments.roofline) and the Fast-dLLM benchmark's report on it:
+"""The roofline cost model (harness.roofline) and the Fast-dLLM benchmark's report on it:
 forwards recorded by kind add up to the call's NFE and FLOPs, the floor is the per-forward max of
 the compute and memory bounds, and the benchmark writes one row per variant and per kind."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import fastdllm
-from experiments import bench_fastdllm, roofline
+from experiments.bench import bench_fastdllm
+from harness import roofline
 from tests.tiny import random_prompts, tiny_model
 
 
@@ -97,7 +98,7 @@ def test_bench_fastdllm_compile_columns(tmp_path, monkeypatch):
 
 
 def test_bench_bd3lm_reports_the_exact_cache_against_the_roofline():
-    from experiments import bench_bd3lm
+    from experiments.bench import bench_bd3lm
 
     res = bench_bd3lm.main(["--d-model", "32", "--layers", "1", "--vocab", "64", "--train-len", "32", "--train-batch",
                             "1", "--block-size", "8", "--lengths", "32", "--reps", "1", "--threads", "1"])

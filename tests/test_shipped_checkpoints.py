@@ -9,10 +9,10 @@ import torch
 
 from dlm.checkpoints import load_model
 from tasks import fewshot_examples, generate_problems
-from experiments.evaluate import score
+from harness.evaluate import score
 from dlm.spec import Sampler
 from tasks.tokenizer import build_tokenizer
-from experiments.common import arith_config_of
+from harness.results import arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 
@@ -30,7 +30,7 @@ def test_shipped_checkpoint_solves_problems(tok, gen_length):
     assert CKPT.is_dir(), f"embedded checkpoint {CKPT} is missing"
     from dlm import load_model
     model, mtok = load_model(CKPT)
-    from experiments.common import arith_config_of
+    from harness.results import arith_config_of
     problems = generate_problems(arith_config_of(CKPT), 16, split="test", seed=777)
     r = score(model, mtok, problems, Sampler.of("semiar32", gen_length=gen_length, block_length=32), batch_size=16)
     assert r["n"] == 16
@@ -52,7 +52,7 @@ def test_shipped_bd3lm_checkpoints_solve_problems(block_size):
     ckpt = CKPT.parent / f"bd3lm-arith-{block_size}"
     assert ckpt.is_dir(), f"embedded BD3-LM checkpoint {ckpt} is missing"
     from bd3lm import BD3LM
-    from experiments.common import arith_config_of
+    from harness.results import arith_config_of
     bd3, mtok = BD3LM.load(ckpt)
     assert bd3.block_size == block_size
     arith = arith_config_of(ckpt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dlm.spec import Sampler, generate as run_sampler
-from experiments.grids import GRIDS, factorial, resolve, table1
+from harness.grids import GRIDS, factorial, resolve, table1
 from test_gsm8k_harness import ckpt  # noqa: F401  (the tiny checkpoint fixture, rows that stop early)
 
 

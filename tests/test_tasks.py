@@ -282,8 +282,8 @@ def test_the_problem_streams_are_those_of_the_committed_results():
     import json
     from pathlib import Path
 
-    from experiments.common import arith_config_of
-    from experiments.evaluate import fingerprint
+    from harness.evaluate import fingerprint
+    from harness.results import arith_config_of
     from tasks import generate_problems
 
     repo = Path(__file__).resolve().parents[1]

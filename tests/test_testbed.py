@@ -11,7 +11,7 @@ from tasks import ArithConfig, generate_problems
 from tasks.evaluate import left_pad, mcnemar_exact, wilson_ci
 from tasks.sft_data import SFTBatches, SFTDataConfig, encode_answer, encode_prompt, pad_rows
 from tasks.tokenizer import build_tokenizer
-from experiments.common import JsonlLog, arith_config_of
+from harness.results import JsonlLog, arith_config_of
 
 CKPT = Path(__file__).resolve().parents[1] / "results" / "checkpoints" / "llada-arith"
 
@@ -112,7 +112,7 @@ def test_jsonl_log_resumes_after_truncated_line(tmp_path):
 
 
 def test_repo_relative_keeps_results_free_of_machine_paths(tmp_path):
-    from experiments.common import REPO, repo_relative
+    from harness.results import REPO, repo_relative
     assert repo_relative(REPO / "results" / "README.md") == "results/README.md"
     assert repo_relative(str(REPO / "dlm")) == "dlm"
     assert repo_relative(tmp_path) == str(tmp_path)  # outside the checkout: unchanged
@@ -202,7 +202,7 @@ def test_sft_batches_direct_answers(tok):
 
 
 def test_testbed_refuses_samples_of_other_weights(tmp_path):
-    from experiments.evaluate import check_resumable, existing_records
+    from harness.evaluate import check_resumable, existing_records
 
     log = JsonlLog(tmp_path / "x.jsonl")
     log.append([{"id": "a", "config_hash": "h1", "model_weights": "w1"}, {"id": "b", "config_hash": "h1"}])
@@ -307,7 +307,7 @@ def test_train_llada_script_records_its_flags(tmp_path, capsys, monkeypatch):
     """The retrain script end to end on a tiny net: the data flags reach ``SFTDataConfig``, the
     checkpoint loads, and its ``config.json`` records the flags and the task it was trained on."""
     from dlm.checkpoints import load_model
-    from experiments import train_llada
+    from experiments.train import train_llada
 
     seen = []
     monkeypatch.setattr(train_llada, "SFTBatches", lambda tok, cfg: seen.append(cfg) or SFTBatches(tok, cfg))

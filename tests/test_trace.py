@@ -1,4 +1,4 @@
-"""Denoising traces (dlm.trace, experiments/trace.py) and ``python -m experiments.generate --stream``."""
+"""Denoising traces (dlm.trace, experiments/cli/trace.py) and ``python -m experiments.cli.generate --stream``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import experiments.generate as cli
+import experiments.cli.generate as cli
 import fastdllm
 from dlm import spec
 from dlm.llada import generate
 from dlm.spec import Sampler
 from dlm.trace import block_steps, replay_lines, step_states
-from experiments import trace
-from experiments.generate import AnswerStream, FinalBlocks, label
+from experiments.cli import trace
+from experiments.cli.generate import AnswerStream, FinalBlocks, label
 from tiny import random_prompts, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_cli_bd3lm_takes_the_block_size_from_the_model(capsys, tmp_path):
 @pytest.mark.slow
 def test_cli_stream_subprocess_on_the_embedded_checkpoint():
     assert cli.DEFAULT_MODEL.is_dir()
-    res = subprocess.run([sys.executable, "-m", "experiments.generate", "--stream", "--threads", "1"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "experiments.cli.generate", "--stream", "--threads", "1"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

@@ -42,7 +42,7 @@ def _set(flags: list, **changes) -> list:
 
 def _crashed_llada_run(out: Path, monkeypatch, crash_at: int = 2) -> list:
     """Run the LLaDA script until the batch of step ``crash_at`` (checkpoint at step 2 of 4)."""
-    from experiments import train_llada
+    from experiments.train import train_llada
 
     class Crashing(SFTBatches):
         def __call__(self, step, generator):
@@ -60,7 +60,7 @@ def _crashed_llada_run(out: Path, monkeypatch, crash_at: int = 2) -> list:
 
 @pytest.mark.slow  # three short runs of the training script (~3 s)
 def test_llada_resume_refuses_a_changed_recipe(tmp_path, monkeypatch, capsys):
-    from experiments import train_llada
+    from experiments.train import train_llada
 
     out = tmp_path / "run"
     flags = _crashed_llada_run(out, monkeypatch)
@@ -90,7 +90,7 @@ def test_llada_resume_refuses_a_changed_recipe(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow  # two short runs of the training script (~2 s)
 def test_llada_force_recipe_continues_and_records_the_change(tmp_path, monkeypatch):
-    from experiments import train_llada
+    from experiments.train import train_llada
 
     out = tmp_path / "run"
     flags = _crashed_llada_run(out, monkeypatch)
@@ -211,7 +211,7 @@ def _mode(path) -> int:
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_written_files_follow_the_umask(tmp_path, umask):
     from dlm.checkpoints import save_model
-    from experiments.common import atomic_write_text
+    from harness.results import atomic_write_text
     from tiny import tiny_model
 
     old = os.umask(umask)
@@ -233,7 +233,7 @@ def test_written_files_follow_the_umask(tmp_path, umask):
 
 @pytest.mark.slow  # two short BD3-LM fine-tunes of the shipped 0.9M-parameter checkpoint (~3 s)
 def test_bd3lm_resume_refuses_a_changed_recipe_and_records_a_forced_one(tmp_path, monkeypatch):
-    from experiments import train_bd3lm
+    from experiments.train import train_bd3lm
 
     init = Path(train_bd3lm.DEFAULT_INIT)
     if not (init / "config.json").is_file():

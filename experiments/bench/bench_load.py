@@ -1,0 +1,204 @@
+"""Throughput under load: tokens/s and latency per sequence as the batch grows, for AR decoding
+with a KV cache, the LLaDA baseline, Fast-dLLM dual + threshold and BD3-LM's exact cache, next to
+a roofline prediction measured on the same machine.
+
+    python -m experiments.bench.bench_load --shape embedded --batches 1 8 32 64 --out results/bench_load
+    python -m experiments.bench.bench_load --shape mid --batches 1 8 --gen-length 64
+    python -m experiments.bench.bench_load --shape llada8b --device cuda --batches 1 8 32 64   # a GPU
+
+"Single-stream AR decoding is bound by memory bandwidth ... a diffusion step puts that idle
+compute to work. The bill arrives under load": each strategy's call is timed at every batch size
+(every sequence generates ``--gen-length`` tokens, no early stop, so tokens/s = B * G / seconds
+and the latency of a sequence is the call's time). The roofline floor of a call is
+``max(FLOPs / peak, bytes / bandwidth)`` with FLOPs counted by the loop (``stats.extra['flops']``),
+bytes = the weights once per forward plus the K/V each forward reads (``nfe * B * T`` columns of
+K and V per layer), and the matmul peak and copy bandwidth measured here (:func:`machine`).
+The *crossover* is the first batch size at which a diffusion strategy's tokens/s falls below AR's.
+
+Shapes: ``embedded`` runs the trained checkpoints (``dream-ar`` decoded autoregressively,
+``llada-arith`` for the baseline and dual + threshold 0.9, ``bd3lm-arith-16``), one 0.9M-parameter
+shape, on arithmetic questions; ``mid`` (d 512, 8 layers, vocab 32000) and ``llada8b`` (LLaDA-8B's
+config from ``../shared/data``) use random weights and fixed steps, with dual + top-k at 4 tokens
+per step standing in for the threshold rule (a random model is never confident).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from dlm.io import stable_json
+from harness.cli import add_run_args, device_of, dtype_of, markdown_table, parser, run_main, set_threads
+from harness.results import REPO, atomic_write_text, git_sha
+from harness.roofline import call_floor, machine, sync
+from harness.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
+from dlm.spec import Sampler, generate
+
+STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")
+SHAPES = {"mid": RANDOM["mid"], "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64)}
+
+
+def strategy(name: str, gen: int, block: int, random_weights: bool) -> Sampler:
+    if name == "ar":
+        return Sampler.of("ar", policy="ar", gen_length=gen, block_length=1)
+    if name == "baseline":
+        return Sampler.of("baseline", gen_length=gen, block_length=block)
+    if name == "dual_threshold":
+        if random_weights:  # a random model is never confident: 4 tokens per step instead
+            return Sampler.of("dual_threshold", policy="dual", gen_length=gen, block_length=block, steps=gen // 4)
+        return Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=gen, block_length=block,
+                          threshold=0.9)
+    return Sampler.of("bd3lm", policy="exact", gen_length=gen, block_length=16, top_p=1.0)
+
+
+def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
+    """strategy -> model, the tokenizer (or None) and the prompt pool (lists of ids)."""
+    from dlm.checkpoints import load_model
+
+    if shape == "embedded":
+        ck = REPO / "results" / "checkpoints"
+        paths = {"ar": ck / "dream-ar", "baseline": ck / "llada-arith", "dual_threshold": ck / "llada-arith",
+                 "bd3lm": ck / "bd3lm-arith-16"}
+        loaded = {p: load_model(p, dtype=dtype, device=device) for p in set(paths.values())}
+        tok = loaded[paths["baseline"]][1]
+        from tasks import generate_problems
+        from harness.results import encode_question
+
+        pool = [encode_question(tok, p.question, [], True) for p in generate_problems(n=64, split="test", seed=0)]
+        return {s: loaded[p][0].eval() for s, p in paths.items()}, tok, pool
+    base = dict(SHAPES[shape]) if shape in SHAPES else real_shape(shape)
+    model = random_model(base, 2048, device, dtype, eos=False)
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    P = 200 if shape != "tiny" else 12
+    pool = [torch.randint(0, cfg.vocab_size - 1, (P,), generator=g).tolist() for _ in range(8)]
+    return {s: model for s in STRATEGIES}, None, pool
+
+
+def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=STRATEGIES,
+          skip_after: float = float("inf")) -> dict:
+    """Every strategy at every batch size; once a strategy's call takes over ``skip_after`` seconds
+    its larger batches are skipped (listed in ``skipped``: the uncached baseline at the mid shape
+    would take hours on one core)."""
+    from tasks.evaluate import left_pad
+
+    models, tok, pool = models_for(shape, device, dtype)
+    hw = machine(device, dtype)
+    rows, skipped = [], []
+    for name in strategies:
+        model, s = models[name], strategy(name, gen, block, tok is None)
+        pad = tok.pad_token_id if tok is not None else 0
+        for B in batches:
+            if rows and rows[-1]["strategy"] == name and rows[-1]["seconds"] > skip_after:
+                skipped.append({"strategy": name, "batch": B})
+                continue
+            ids, mask = left_pad([pool[i % len(pool)] for i in range(B)], pad)
+            ids, mask = ids.to(device), mask.to(device)
+            generate(model, ids[:1], mask[:1], s)  # warm-up
+            sync(device)
+            t0 = time.perf_counter()
+            out = generate(model, ids, mask, s)
+            sync(device)
+            sec = time.perf_counter() - t0
+            floor = call_floor(model, out.stats, B, hw)
+            rows.append({"strategy": name, "batch": B, "seconds": sec, "tokens_per_s": B * gen / sec,
+                         "latency_s": sec, "nfe": out.stats.nfe, "flops": out.stats.extra["flops"],
+                         "floor_s": floor, "roofline_tokens_per_s": B * gen / floor, "floor_over_measured": floor / sec,
+                         "prompt_len": ids.shape[1]})
+            print(json.dumps(rows[-1]), flush=True)
+    return {"shape": shape, "gen_length": gen, "block_length": block, "device": str(device), "dtype": str(dtype),
+            "machine": hw, "rows": rows, "skipped": skipped, "skip_after_s": skip_after,
+            "crossover": crossovers(rows), "git_sha": git_sha()}
+
+
+def crossovers(rows: list[dict]) -> dict:
+    """strategy -> first batch size at which its tokens/s (measured / roofline) falls below AR's."""
+    ar = {r["batch"]: r for r in rows if r["strategy"] == "ar"}
+    out = {}
+    for name in sorted({r["strategy"] for r in rows} - {"ar"}):
+        mine = sorted((r for r in rows if r["strategy"] == name and r["batch"] in ar), key=lambda r: r["batch"])
+        out[name] = {key: next((r["batch"] for r in mine if r[key] < ar[r["batch"]][key]), None)
+                     for key in ("tokens_per_s", "roofline_tokens_per_s")}
+    return out
+
+
+def report(res: dict, out: Path) -> None:
+    name = f"{res['shape']}_g{res['gen_length']}"
+    hw = res["machine"]
+    table = [[r["strategy"], r["batch"], f"{r['tokens_per_s']:.1f}", f"{r['latency_s']:.2f}",
+              f"{r['roofline_tokens_per_s']:.1f}", f"{r['floor_over_measured']:.2f}", r["nfe"]] for r in res["rows"]]
+    cross = [[k, v["tokens_per_s"] or "none measured", v["roofline_tokens_per_s"] or "none predicted"]
+             for k, v in res["crossover"].items()]
+    md = [f"# Throughput under load: {res['shape']} shape, gen {res['gen_length']}", "",
+          f"{res['device']} {res['dtype']}; measured matmul peak {hw['peak_flops'] / 1e9:.1f} GFLOP/s, copy bandwidth "
+          f"{hw['bandwidth'] / 1e9:.1f} GB/s; git {res['git_sha']}. Roofline floor = sum over the call's forwards "
+          "of max(FLOPs / peak, bytes / bandwidth); floor / measured = floor seconds / measured seconds (1 = at the "
+          "roofline)."
+          + ("".join(f" Not run (a smaller batch took over {res['skip_after_s']:g} s): {k['strategy']} at batch {k['batch']}."
+                     for k in res.get("skipped", ()))), "",
+          *markdown_table(["strategy", "batch", "tokens/s", "latency s", "roofline tokens/s", "floor / measured", "NFE"],
+                          table), "", "First batch size at which the strategy's tokens/s falls below AR + KV cache's:", "",
+          *markdown_table(["strategy", "measured", "roofline"], cross)]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
+    atomic_write_text(out / f"{name}.json", stable_json(res, indent=1))
+    plot(res, out / f"{name}.png")
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for c, name in enumerate(dict.fromkeys(r["strategy"] for r in res["rows"])):
+        rs = [r for r in res["rows"] if r["strategy"] == name]
+        ax.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], "-o", color=f"C{c}", label=name)
+        ax.plot([r["batch"] for r in rs], [r["roofline_tokens_per_s"] for r in rs], ":", color=f"C{c}", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="tokens/s (dotted: roofline)",
+           title=f"throughput under load, {res['shape']} shape")
+    ax.legend(fontsize=8), ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = parser("experiments.bench.bench_load", __doc__, paragraphs=2)
+    add_run_args(p, model=None, model_help="unused (the shape picks the models)", dtype="float32", seed=False)
+    p.add_argument("--shape", default="embedded", choices=["embedded", *SHAPES, *REAL], metavar="SHAPE",
+                   help=f"embedded checkpoints or random {'|'.join([*SHAPES, *REAL])} (default embedded)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64], metavar="B",
+                   help="batch sizes (default 1 8 32 64)")
+    p.add_argument("--gen-length", type=int, default=256, metavar="G",
+                   help="answer tokens (multiple of 16 and L; default 256)")
+    p.add_argument("--skip-after", type=float, default=float("inf"), metavar="SEC",
+                   help="skip a strategy's larger batches after a slower call")
+    p.add_argument("--block-length", type=int, default=32, metavar="L", help="block length (default 32)")
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES), metavar="NAME",
+                   help=f"of {' '.join(STRATEGIES)} (default all; ar needed)")
+    p.add_argument("--out", default=str(REPO / "results" / "bench_load"), metavar="DIR",
+                   help="results dir (default results/bench_load)")
+    a = p.parse_args(argv)
+    if not a.skip_after > 0:
+        raise ValueError(f"--skip-after must be > 0 seconds, got {a.skip_after}")
+    if any(b < 1 for b in a.batches):
+        raise ValueError(f"--batches must be >= 1, got {a.batches}")
+    if "ar" not in a.strategies:
+        raise ValueError("--strategies must include ar (the crossover is measured against it)")
+    if a.gen_length % 16 or a.gen_length % a.block_length:
+        raise ValueError(f"--gen-length must be a multiple of 16 and of --block-length, got {a.gen_length}")
+    set_threads(a.threads)
+    device = device_of(a.device)
+    res = bench(a.shape, sorted(set(a.batches)), a.gen_length, a.block_length, device, dtype_of(a.dtype, device),
+                a.strategies, a.skip_after)
+    report(res, Path(a.out))
+    return res
+
+
+if __name__ == "__main__":
+    run_main(main)

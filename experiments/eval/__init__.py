@@ -1,0 +1,6 @@
+"""Evaluations that write per-sample JSONL files and the tables rebuilt from them.
+
+- ``python -m experiments.eval.gsm8k``: accuracy and throughput of every sampling strategy on one model
+- ``python -m experiments.eval.anyorder``: AR vs masked diffusion where the end constrains the start
+- ``python -m experiments.eval.drift``: how far Fast-dLLM's approximate KV cache drifts from exact recomputation
+"""

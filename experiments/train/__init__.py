@@ -1,0 +1,6 @@
+"""Training the embedded models.
+
+- ``python -m experiments.train.train_llada``: the embedded LLaDA-style model from scratch, in three phases
+- ``python -m experiments.train.train_bd3lm``: fine-tune a bidirectional checkpoint to BD3-LM block size L'
+- ``python -m experiments.train.train_anyorder``: the any-order task models, AR and masked diffusion alike
+"""
