@@ -26,12 +26,21 @@ def same(a, b):
     assert torch.equal(a.sequences, b.sequences)
 
 
+def uncached(model, ids, am, family="auto", **r):
+    """The block rules recomputing everything every step: policy none, except under Fast-dLLM's Dream
+    rules, where no cache is Fast-dLLM's other sampler (tests/test_dream_nocache.py) and the dual
+    cache refreshed at every step is the block sampler without reuse."""
+    if model.config.shift_logits and family != "llada":
+        return run("dual", model, ids, am, family, refresh_every=1, **r)
+    return run("none", model, ids, am, family, **r)
+
+
 @pytest.mark.parametrize("shift,family", FAMILIES)
 def test_limits_equal_baseline_and_dual(shift, family):
     model = fastdllm_model(n_layers=2, shift=shift)
     ids, am = fastdllm_prompts(padded=True)
     for r in RULES:
-        none = run("none", model, ids, am, family, **r)
+        none = uncached(model, ids, am, family, **r)
         same(run("delayed", model, ids, am, family, refresh_every=1, **r), none)
         same(run("delayed", model, ids, am, family, delay=10**9, **r), none)  # nothing ever settles
         same(run("adaptive", model, ids, am, family, tolerance=0.0, **r), none)  # refresh every step
@@ -46,7 +55,7 @@ def test_one_layer_models_make_both_exact(shift):
     model = fastdllm_model(n_layers=1, shift=shift)
     ids, am = fastdllm_prompts(padded=True)
     for r in RULES:
-        none = run("none", model, ids, am, **r)
+        none = uncached(model, ids, am, **r)
         for cache, kw in (("delayed", {}), ("delayed", {"delay": 2}), ("adaptive", {"tolerance": 0.5}),
                           ("adaptive", {"tolerance": 0.5, "every_block": False})):
             out = run(cache, model, ids, am, **kw, **r)

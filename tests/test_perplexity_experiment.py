@@ -172,36 +172,6 @@ LEGACY_DATA = {"style": "lm1b", "train": "../shared/data/lm1b-sample/1b_benchmar
                "max_train_lines": None, "max_test_lines": None, "val_chunks": 64}
 
 
-def test_convert_records_to_named_data(tmp_path, capsys):
-    from research import convert_perplexity_v2 as conv
-
-    new = parse_config(["eval", "--preset", "laptop"]).identity()
-    old = {**new, "data": LEGACY_DATA}
-    h_old, h_new = config_hash(old), config_hash(new)
-    assert h_old == "ab176a28b7"  # the hash of the committed run before the conversion
-    base = {"run": "laptop", "git_sha": "abc-dirty", "seed": 0, "eval_seed": 1234}
-    recs = [{"id": "config", "kind": "config", "config_hash": h_old, **base, "config": old},
-            {"id": "ppl/ar", "kind": "ppl", "config_hash": h_old, **base, "ppl": 514.5, "nelbo": 6.2}]
-    path = tmp_path / "perplexity_laptop.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cfg = parse_config(["eval", "--preset", "laptop", "--out", str(tmp_path)])
-    with pytest.raises(ValueError, match=r"data\.train .*convert them once with python -m research\.convert_perplexity"):
-        jobs.open_log(cfg, jobs.Paths(cfg))  # unconverted: the error says how to convert
-    conv.main([str(path), "--check"])
-    assert json.loads(path.read_text().splitlines()[0])["config_hash"] == h_old  # --check writes nothing
-    conv.main([str(path)])
-    got = read_jsonl(path)
-    assert [r["config_hash"] for r in got] == [h_new, h_new] and got[0]["config"] == json.loads(json.dumps(new))
-    assert [{k: v for k, v in r.items() if k not in ("config_hash", "config")} for r in got] == \
-        [{k: v for k, v in r.items() if k not in ("config_hash", "config")} for r in recs]
-    text = path.read_text()
-    conv.main([str(path)])  # idempotent
-    assert path.read_text() == text and "already" in capsys.readouterr().out
-    path.write_text(path.read_text() + json.dumps({**recs[1], "id": "ppl/bd4", "config_hash": "0000000000"}) + "\n")
-    with pytest.raises(ValueError, match="ppl/bd4"):
-        conv.main([str(path)])
-
-
 def test_missing_data_skips_naming_it_and_fails_in_ci(tmp_path, monkeypatch):
     import conftest
 
@@ -276,30 +246,3 @@ def test_mc_perplexity_exact_for_one_token():
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.full_like(x, model.config.mask_token_id))[:, 0], -1)
     assert res["tokens"] == 3 and res["nelbo"] == pytest.approx(-float(logp.gather(1, x).mean()), rel=1e-9)
-
-
-def test_convert_to_more_eval_passes_keeps_training_drops_eval(tmp_path, capsys):
-    from research import convert_perplexity_passes as conv
-
-    one = parse_config(["eval", "--preset", "laptop", "--out", str(tmp_path)])
-    new = parse_config(["eval", "--preset", "laptop", "--eval-passes", "4", "--out", str(tmp_path)])
-    h_old, h_new = config_hash(one.identity()), config_hash(new.identity())
-    base = {"run": "laptop", "git_sha": "abc", "seed": 0, "eval_seed": 1234}
-    recs = [{"id": "config", "kind": "config", "config_hash": h_old, **base, "config": one.identity()},
-            {"id": "train/ar", "kind": "train", "config_hash": h_old, **base, "steps": 10},
-            {"id": "ppl/ar", "kind": "ppl", "config_hash": h_old, **base, "ppl": 514.5, "nelbo": 6.2},
-            {"id": "var/bd4/U[0,1]", "kind": "var", "config_hash": h_old, **base, "var_nelbo": 1.0}]
-    path = tmp_path / "perplexity_laptop.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    with pytest.raises(ValueError, match=r"eval\.passes"):
-        jobs.open_log(new, jobs.Paths(new))  # the one-pass run is refused under the 4-pass config
-    conv.main([str(path), "--passes", "4"])
-    got = read_jsonl(path)
-    assert [r["id"] for r in got] == ["config", "train/ar"] and {r["config_hash"] for r in got} == {h_new}
-    assert got[0]["config"] == json.loads(json.dumps(new.identity())) and got[1]["steps"] == 10
-    jobs.open_log(new, jobs.Paths(new)).close()  # now accepted: eval reruns, training is kept
-    text = path.read_text()
-    conv.main([str(path), "--passes", "4"])
-    assert path.read_text() == text and "already" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--passes"):
-        conv.main([str(path), "--passes", "1"])

@@ -79,7 +79,9 @@ def test_every_point_is_in_one_legend_entry_whose_counts_match_the_drawing(chain
             fronts.append(n_own)
     # the old legend said "its front (19 points)" for all three caches: each front is counted on its own
     assert {c: handles[c][2] for c in ("none", "prefix", "dual")} == {"none": 2, "prefix": 1, "dual": 2}
-    assert fronts == [2, 2] and all(len(groups[c]) == 19 for c in ("none", "prefix", "dual"))
+    # the committed table: 19 sweep and Table 1 rows per Fast-dLLM cache, plus EB-Sampler's two on none and dual
+    assert fronts == [2, 2] and {c: len(groups[c]) for c in ("none", "prefix", "dual")} == {
+        "none": 21, "prefix": 19, "dual": 21}
     m = re.fullmatch(r"Pareto front over all rows \((\d+) rows?, bold labels\)", texts[-1])
     assert m and int(m[1]) == len(drawn["front"]) >= 1
     assert all(drawn["labels"][i].get_fontweight() == "bold" for i in drawn["front"])

@@ -23,6 +23,10 @@ ONE_RUN = ("baseline_semiar", "fastdllm_dual_threshold")
 #: gen 512 zero-shot points taken to n = 300 (chosen from the n = 100 curves, so the first 100 problems are biased)
 FRONTIER_512 = ("sw_dual_f2", "sw_dual_f4", "sw_none_f4", "sw_dual_b16", "cache_adaptive_threshold")
 
+#: EB-Sampler and dLLM-Cache beside Fast-dLLM at gen 256 zero-shot, n = 300 (chosen before the run)
+METHODS_256 = ("sw_none_g0p1", "sw_none_g1", "sw_dual_g0p1", "sw_dual_g1", "cache_dllm_cache_threshold",
+               "sw_dllm_cache_kr8", "sw_dllm_cache_rho0p5")
+
 
 def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -> list[Job]:
     """The chain-task BD3-LM and 2048-context LLaDA, then per (gen length, shots) a table (n = 300
@@ -85,4 +89,12 @@ def chain_jobs(out: str, work: str, ck: str, limit: Optional[int], full: bool) -
                     "gen 512 zero-shot: the curves' points that held accuracy at n = 100 (factor 2 / 4, blocks of 16) "
                     "and the adaptive cache, to n = 300", (), tuple(f"gsm8k_chain_512/{s}.jsonl" for s in FRONTIER_512),
                     always=True, after=("gsm8k_chain_512_sweep",), cost_min=15.0 * m / 300))
+    m = _cap(300, limit)  # the two methods beyond Fast-dLLM on the gen 256 frontier, paired with the table's rows
+    jobs.append(Job("gsm8k_chain_256_methods", "experiments.eval.gsm8k",
+                    ("--limit", m, "--batch-size", 32, "--gen-length", 256, "--block-length", 32,
+                     "--strategies", *METHODS_256, "--model", chain, "--out", f"{out}/gsm8k_chain_256"),
+                    "gen 256 zero-shot, n = 300: EB-Sampler (gamma 0.1 / 1, no cache and dual) and dLLM-Cache "
+                    "(threshold 0.9; K_r 8; rho 0.5), chosen before the run; non-inferiority margin -3 points",
+                    (), tuple(f"gsm8k_chain_256/{s}.jsonl" for s in METHODS_256),
+                    always=True, after=("gsm8k_chain_256_sweep",), cost_min=20.0 * m / 300))
     return jobs
