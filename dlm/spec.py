@@ -168,8 +168,9 @@ class Sampler:
                 for p in registry.user_params(c)}
         for key in options:
             if key not in used:
+                owners = ", ".join(f"{kind} {name!r}" for kind, name, _ in registry.every_param().get(key, ()))
                 raise ValueError(f"{key} is not an option of policy {self.policy!r}, rule {self.rule!r}, proposal "
-                                 f"{type(proposal).name!r} or family {family!r}")
+                                 f"{type(proposal).name!r} or family {family!r} (it is one of {owners})")
         policy = registry.build("policy", self.policy, _own(policy_cls, options),
                                 {"block_length": self.block, "at_block": at_block})
         return policy, rule, proposal

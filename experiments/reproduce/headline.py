@@ -27,6 +27,7 @@ import numpy as np
 
 from dlm.io import round_floats
 from tasks.evaluate import mcnemar_exact
+from harness.methods import methods_table
 from harness.cli import parser, run_main
 from harness.results import REPO, read_jsonl, write_if_changed
 from experiments.perplexity.seeds import paired_ci
@@ -35,6 +36,8 @@ RESULTS = REPO / "results"
 README = REPO / "README.md"
 DOC = REPO / "docs" / "results.md"
 START, END = "<!-- headline:start (python -m experiments.reproduce.headline) -->", "<!-- headline:end -->"
+#: the README's methods table (:func:`harness.methods.methods_table`, from the registry)
+METHODS = ("<!-- methods:start (python -m experiments.reproduce.headline) -->", "<!-- methods:end -->")
 RESAMPLES, SEED = 2000, 0
 
 
@@ -233,11 +236,17 @@ def results_doc(results: Path = RESULTS) -> str:
 
 
 # -------------------------------------------------------------------------------------- writing
-def readme_with(text: str, block: str) -> str:
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise ValueError(f"{README}: needs one '{START}' line and one '{END}' line after it")
-    head, rest = text.split(START)
-    return head + START + "\n" + block + "\n" + END + rest.split(END, 1)[1]
+def readme_with(text: str, block: str, start: str = START, end: str = END) -> str:
+    """``text`` with ``block`` between its ``start`` and ``end`` marker lines."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{README}: needs one '{start}' line and one '{end}' line after it")
+    head, rest = text.split(start)
+    return head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
+
+
+def readme(text: str) -> str:
+    """The README with its generated blocks: the headline and the registered methods."""
+    return readme_with(readme_with(text, headline()), "\n".join(methods_table()), *METHODS)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -250,7 +259,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not a.results.is_dir():
         p.error(f"--results {a.results}: not a directory")
     if a.results.resolve() == RESULTS.resolve():
-        want = {README: readme_with(README.read_text(), headline()), DOC: results_doc() + "\n"}
+        want = {README: readme(README.read_text()), DOC: results_doc() + "\n"}
     else:
         want = {a.results / "headline.md": headline(a.results) + "\n", a.results / "results.md": results_doc(a.results) + "\n"}
     stale = [path for path, text in want.items() if not path.is_file() or path.read_text() != text]
