@@ -316,13 +316,9 @@ def _render(rng: random.Random, style_rng: random.Random, start: int, steps: lis
     return " ".join(sentences), "\n".join(lines) + f"\n#### {current}", current
 
 
-#: the problem streams' salt: a fixed string (it names where the generator first lived), part of
-#: every problem's identity; changing it changes every split and every committed result's problems
-STREAM_SALT = "dlm.tasks.arith"
-
-
 def _seeded_rng(split: str, seed: int) -> random.Random:
-    digest = hashlib.sha256(f"{STREAM_SALT}|{split}|{seed}".encode()).digest()
+    # the salt is fixed data (the generator's first home): changing it changes every committed problem
+    digest = hashlib.sha256(f"dlm.tasks.arith|{split}|{seed}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
