@@ -29,7 +29,13 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import lru_cache
 from importlib import import_module
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
+
+try:
+    import tomllib  # Python >= 3.11; on 3.10 the fallback needs the install's entry points
+except ModuleNotFoundError:  # pragma: no cover
+    tomllib = None
 
 KINDS = ("rule", "policy", "proposal", "family")
 _ENTRIES: dict[str, dict[str, type]] = {kind: {} for kind in KINDS}
@@ -146,10 +152,22 @@ def register(kind: str, name: str):
 
 
 @lru_cache(maxsize=None)
+def _method_modules() -> tuple[tuple[str, str], ...]:
+    """``(name, module)`` of the ``dlm.methods`` entry points, in name order; from the checkout's
+    ``pyproject.toml`` when the project is not installed (the same table, one source)."""
+    found = {ep.name: ep.value for ep in entry_points(group="dlm.methods")}
+    if not found:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        if pyproject.is_file() and tomllib is not None:
+            table = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+            found = dict(table.get("dlm.methods", {}))
+    return tuple(sorted(found.items()))
+
+
+@lru_cache(maxsize=None)
 def _packages() -> tuple[str, ...]:
     """The method packages' top-level names: the core first, then the entry points' in name order."""
-    eps = sorted(entry_points(group="dlm.methods"), key=lambda e: e.name)
-    return tuple(dict.fromkeys(["dlm"] + [ep.value.split(".")[0] for ep in eps]))
+    return tuple(dict.fromkeys(["dlm"] + [module.split(".")[0] for _, module in _method_modules()]))
 
 
 def load() -> None:
@@ -157,8 +175,8 @@ def load() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        for ep in sorted(entry_points(group="dlm.methods"), key=lambda e: e.name):
-            import_module(ep.value)
+        for _, module in _method_modules():
+            import_module(module)
 
 
 def names(kind: str) -> tuple[str, ...]:

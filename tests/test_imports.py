@@ -149,3 +149,17 @@ if __name__ == "__main__":
     print(f"{len(g)} modules, {sum(map(len, g.values()))} internal imports")
     print("cycles:", cycles(g) or "none")
     print("dlm importing fastdllm/bd3lm/experiments/research:", upward_imports("dlm") or "none")
+
+
+def test_the_registry_finds_the_method_packages_without_an_install(monkeypatch):
+    """A checkout that was not pip-installed has no entry points: the registry reads the same
+    ``dlm.methods`` table from pyproject.toml."""
+    from dlm import registry
+
+    installed = registry._method_modules()
+    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    registry._method_modules.cache_clear()
+    try:
+        assert registry._method_modules() == installed and ("llada", "dlm.llada") in installed
+    finally:
+        registry._method_modules.cache_clear()
