@@ -80,4 +80,4 @@ def test_each_headline_speed_up_is_the_one_its_linked_table_prints():
             value = next(v for v in number if v)
             assert f"{value}x" in (REPO / link.group(1)).read_text(), (value, link.group(1))
             checked += 1
-    assert checked >= 8
+    assert checked >= 7  # six timed claims and one flagged FLOP ideal
