@@ -85,7 +85,8 @@ class Sampler:
 
     @classmethod
     def of(cls, name: str = "baseline", **values) -> "Sampler":
-        """A sampler from spec fields and options alike (``Sampler.of("x", policy="dual", threshold=0.9)``)."""
+        """A sampler from spec fields and options alike
+        (``Sampler.of("x", policy="dual", rule="threshold", threshold=0.95)``)."""
         return cls(name).with_(**values)
 
     def with_(self, **values) -> "Sampler":
