@@ -58,6 +58,8 @@ CLAIMS = (
     Claim("the same, gen 512", "gsm8k_chain_512", "baseline_semiar", "fastdllm_dual_threshold"),
     Claim("the same, gen 1024, 4-shot", "gsm8k_chain_1024_4shot", "baseline_semiar",
           "fastdllm_dual_threshold"),
+    Claim("Fast-dLLM dual + threshold (Dream rules) vs Dream semi-AR without a cache, gen 256", "gsm8k_dream_256",
+          "baseline_semiar", "fastdllm_dual_threshold"),
     Claim("EB-Sampler (gamma 1) + dual cache vs LLaDA semi-AR, gen 256 (untimed: run apart, under load)",
           "gsm8k_chain_256", "baseline_semiar", "sw_dual_g1", timed=False),
     Claim("dLLM-Cache (K_p 20, K_r 4, rho 0.25) + threshold vs LLaDA semi-AR, gen 256 (untimed, as above)",
