@@ -10,7 +10,7 @@
         --response-lengths 32 64 256 512 --response-probs 0.2 0.2 0.4 0.2 --fewshot-prob 0.2
     # phase 3 (~2 x 17 min): worked examples in 60% of the batches, 600 steps then 900 more
     # (--init runs/llada-p2/model --out runs/llada-p3a, then --init runs/llada-p3a/model
-    #  --out runs/llada-arith; flags in the README and experiments.reproduce.plan.LLADA_PHASE3)
+    #  --out runs/llada-arith; flags in the README and experiments/reproduce/plan.toml, group LLADA_PHASE3)
     # runs/llada-arith/model (bf16) is what results/checkpoints/llada-arith holds
 
 SFT recipe (LLaDA guidelines): prompt never masked, the answer EOS-padded to the batch length

@@ -1,0 +1,97 @@
+"""The reproduction plan as data (experiments/reproduce/plan.toml): its reader fills placeholders
+as documented and refuses a bad entry with one line naming the file, the job and the key."""
+
+from pathlib import Path
+
+import pytest
+
+from experiments.reproduce.plan import GSM8K_REPORT, PLAN, plan, read_plan
+
+GOOD = """
+[groups]
+ROWS = ["a", "b"]
+
+[[job]]
+name = "train_m"
+module = "experiments.train.train_llada"
+args = ["--out", "{work}/m"]
+what = "a training"
+artefacts = ["{work}/m/model/config.json"]
+export = ["{work}/m/model", "{ck}/m"]
+cost = 30
+training = true
+
+[[job]]
+name = "table"
+module = "experiments.eval.gsm8k"
+args = ["--limit", "{n:300}", "--strategies", "@ROWS", "--model", "{ck}/m", "--out", "{out}/t"]
+what = "a table"
+tables_in = "t"
+samples = ["t/*.jsonl"]
+always = true
+after_full = ["train_m"]
+cost = 60.0
+cost_n = 300
+
+[[job]]
+name = "headline"
+module = "experiments.reproduce.headline"
+args = ["--results", "{out}"]
+what = "the headline"
+artefacts = ["headline.md"]
+only_outside_results = true
+after_every_eval = true
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.toml"
+    path.write_text(text)
+    return path
+
+
+def test_placeholders_caps_groups_and_full(tmp_path):
+    path = _write(tmp_path, GOOD)
+    train, table, head = plan("/o", "/w", limit=16, path=path)
+    assert table.args == ("--limit", 16, "--strategies", "a", "b", "--model", "results/checkpoints/m", "--out", "/o/t")
+    assert table.artefacts == tuple(f"t/{f}" for f in GSM8K_REPORT)
+    assert table.cost_min == pytest.approx(60.0 * 16 / 300) and table.after == ()
+    assert train.export == ("/w/m/model", "results/checkpoints/m") and train.training and train.cost_min == 30
+    assert head.after == ("table",) and head.artefacts == ("headline.md",) and head.cost_min == 0.1
+    _, table, _ = plan("/o", "/w", full=True, path=path)
+    assert table.args[1] == 300 and table.args[6] == "/o/checkpoints/m" and table.after == ("train_m",)
+    assert plan("results", "/w", path=path)[2].artefacts == ()  # the headline then writes README.md instead
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('cost = 30\n', 'cost = 30\ncosts = 1\n', "job 'train_m': unknown key 'costs'"),
+    ('always = true\n', 'always = "yes"\n', "job 'table': 'always' must be bool, got 'yes'"),
+    ('cost_n = 300\n', 'cost_n = true\n', "job 'table': 'cost_n' must be int, got True"),
+    ('after_full = ["train_m"]', 'after_full = ["train_x"]', "job 'table': 'after' names no job 'train_x'"),
+    ('"@ROWS"', '"@COLS"', "job 'table': 'args' splices '@COLS', which [groups] does not define"),
+    ('"{out}/t"]', '"{outt}/t"]', "job 'table': unknown placeholder '{outt}' in '{outt}/t'"),
+    ('name = "headline"', 'name = "table"', "job 'table': the name is used by 2 jobs"),
+    ('what = "a table"\n', '', "job 'table' has no 'what'"),
+    ('export = ["{work}/m/model", "{ck}/m"]', 'export = ["{work}/m/model"]', "job 'train_m': 'export' must be"),
+    ('[groups]', '[group]', "unknown table(s) ['group']"),
+    ('cost = 60.0\n', 'cost = 60.0.0\n', "not valid TOML"),
+])
+def test_a_bad_entry_names_file_job_and_key(tmp_path, old, new, message):
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(ValueError) as e:
+        plan("/o", "/w", path=path)
+    assert str(e.value).startswith(f"{path}:") and message in str(e.value)
+
+
+def test_the_committed_plan_reads_and_every_dependency_is_a_job():
+    groups, entries = read_plan(PLAN)
+    names = [e["name"] for e in entries]
+    assert len(names) == len(set(names)) > 90
+    jobs = plan("/tmp/r", "/tmp/w", limit=16, full=True)
+    assert [j.name for j in jobs] == names
+    for job in jobs:
+        assert all(n in names for n in job.after)
+        assert not any("{" in str(a) for a in job.args), job.name  # every placeholder filled
+    used = {a[1:] for e in entries for a in e["args"] if isinstance(a, str) and a.startswith("@")}
+    assert used == set(groups)  # no group is dead data
