@@ -68,9 +68,10 @@ class Sampler:
 
     block_length None: one block of ``gen_length`` (full-sequence diffusion); a block-diffusion
     policy needs the model's block size. steps: total denoising steps of the scheduled rules
-    (default ``gen_length``), split evenly over the blocks. options: ``((parameter, value), ...)``
-    sorted, each a parameter of the policy, the rule, a proposal or the family
-    (:func:`dlm.registry.every_param`); build with :meth:`of`, change with :meth:`with_`.
+    (default ``gen_length``), split evenly over the blocks. options: ``{parameter: value}`` or pairs,
+    each a parameter of the policy, the rule, a proposal or the family
+    (:func:`dlm.registry.every_param`), stored sorted without those at their default however the
+    sampler is built; build with :meth:`of`, change with :meth:`with_`.
     """
 
     name: str = "baseline"
@@ -92,20 +93,22 @@ class Sampler:
     def with_(self, **values) -> "Sampler":
         """A copy with spec fields and options changed; an option set to None or to its default is dropped."""
         spec = {k: values.pop(k) for k in list(values) if k in SPEC_FIELDS}
+        return Sampler(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **spec,
+                          "options": {**dict(self.options), **values}})
+
+    def _normalized(self) -> tuple:
+        """``options`` as recorded: sorted pairs, without those unset (None) or at their own
+        components' default, so one computation has one spec however it was built."""
         options = dict(self.options)
         every = registry.every_param()
-        mine = self._owners(spec.get("policy", self.policy), spec.get("rule", self.rule))
-        for k, v in values.items():
+        mine = self._owners(self.policy, self.rule)
+        for k, v in list(options.items()):
             if k not in every:
-                raise ValueError(f"sampler {spec.get('name', self.name)}: {k!r} is no registered option "
-                                 f"(options: {', '.join(sorted(every))})")
+                raise ValueError(f"{k!r} is no registered option (options: {', '.join(sorted(every))})")
             holders = [p for kind, name, p in every[k] if (kind, name) in mine]
             if v is None or (holders and all(v == p.default and type(v) is type(p.default) for p in holders)):
-                options.pop(k, None)  # unset, or its own components' default: not recorded
-            else:
-                options[k] = v  # (an option of no component of this sampler is kept, and refused when built)
-        return Sampler(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **spec,
-                          "options": tuple(sorted(options.items()))})
+                del options[k]  # (an option of no component of this sampler is kept, and refused when built)
+        return tuple(sorted(options.items()))
 
     @staticmethod
     def _owners(policy: str, rule: str) -> set[tuple[str, str]]:
@@ -127,6 +130,7 @@ class Sampler:
         if not isinstance(self.name, str) or not self.name or "/" in self.name or "." in self.name:
             raise ValueError(f"sampler name must be a non-empty str without '/' or '.', got {self.name!r}")
         try:
+            object.__setattr__(self, "options", self._normalized())
             self._validate()
         except (TypeError, ValueError) as e:
             raise type(e)(f"sampler {self.name}: {e}") from None

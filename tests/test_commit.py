@@ -363,3 +363,19 @@ def test_neg_entropy_confidence_is_minus_the_entropy_of_the_proposal_distributio
             want = sum((math.exp(v) / z) * (v - math.log(z)) for v in row.tolist())
             assert conf[b, t].item() == pytest.approx(want, rel=1e-12)
             assert x0[b, t].item() == int(row.argmax())
+
+
+def test_a_sampler_records_one_spec_however_it_is_built():
+    """Built directly, with a dict, a default-valued or an unset option: the same spec and hash as ``of``."""
+    from dlm.spec import Sampler
+    from harness.results import config_hash
+
+    want = Sampler.of("s", policy="dual", rule="threshold", threshold=0.8)
+    default = registry.get("rule", "threshold")().threshold
+    for built in (Sampler("s", "dual", "threshold", options=(("threshold", 0.8),)),
+                  Sampler("s", "dual", "threshold", options={"threshold": 0.8, "temperature": None}),
+                  Sampler("s", "dual", "threshold", options=(("threshold", 0.8), ("temperature", 0.0)))):
+        assert built == want and config_hash(built.as_dict()) == config_hash(want.as_dict())
+    assert Sampler("s", "dual", "threshold", options={"threshold": default}).options == ()
+    with pytest.raises(ValueError, match="sampler s: 'thresh' is no registered option"):
+        Sampler("s", "dual", "threshold", options={"thresh": 0.8})
