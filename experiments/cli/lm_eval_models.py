@@ -157,7 +157,7 @@ class DiffusionEvalLM(LM):
         return ctx or self._start_ids(), cont
 
     def _checked(self, kind: str, requests, texts: list[str], ids: list[list[int]], tails: list[list[int]],
-                 after: Optional[list[int]]) -> list[list[int]]:
+                 after: list[int] | None) -> list[list[int]]:
         """The ``ids`` (+ ``tails``) of ``texts`` checked before the first forward (module docstring);
         each must leave room for its ``after`` tokens (None: any length), or is cut under ``truncate=left``."""
         labels = [f"{r.task_name} doc {r.doc_id}" if r.task_name is not None else f"{kind} request {i}"
@@ -172,8 +172,10 @@ class DiffusionEvalLM(LM):
         note = unk_note(f"lm-eval {kind}", bad, len(requests), getattr(self.tokenizer, "unk_token", None))
         if note:
             print(note, file=sys.stderr)
-        check_contexts_unseen([(label, r.doc["question"], r.args[0]) for label, r in zip(labels, requests)
-                               if isinstance(r.doc, dict) and isinstance(r.doc.get("question"), str)])
+        docs = [(r.task_name, label, r.doc["question"], r.args[0]) for label, r in zip(labels, requests)
+                if isinstance(r.doc, dict) and isinstance(r.doc.get("question"), str)]
+        for task in dict.fromkeys(d[0] for d in docs):  # within each task: quadratic in its docs
+            check_contexts_unseen([d[1:] for d in docs if d[0] == task])
         long = [] if after is None else fit_or_cut(labels, [len(x) for x in ids], after, self.max_length, kind,
                                                    self.truncate == "left")
         return [x[-(self.max_length - after[i]):] if i in long else x for i, x in enumerate(ids)]
@@ -360,7 +362,8 @@ def model_args_help() -> str:
     notes = ["strategy=NAME: a name of harness/grids.py (every name: --list-strategies); otherwise any "
              "sampler field (policy, rule, family, gen_length, block_length, steps, stop_at_eos) and any "
              "registered option (the flags of python -m experiments.cli.generate --help); device: cuda when "
-             "available, else cpu.",
+             "available, else cpu. truncate='no' refuses a prompt longer than max_seq_len - gen_length, "
+             "naming the task and doc; truncate=left keeps its last tokens and warns with the count.",
              "Tasks: the embedded checkpoints (results/checkpoints/) are tiny models of procedural tasks (the "
              "GSM8K-format arithmetic 'arith' and its variants), which lm-eval does not have: score them with "
              "python -m experiments.eval.gsm8k (its default --data arith). --tasks gsm8k is real GSM8K from the Hub; "

@@ -12,7 +12,9 @@ config.json ``extra.arith`` when there is one); ``gsm8k`` = the real GSM8K test 
 Hub (needs ``datasets``); or a local GSM8K jsonl (``question``/``answer`` per line). Few-shot
 examples come from the arith train split, the Hub train split, or ``train.jsonl`` beside the
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
-user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``.
+user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``. Before any
+compute, shots that are test questions and prompts holding the mask token's text are refused, and
+text the tokenizer cannot represent is reported (:mod:`harness.prompt_checks`).
 
 Strategies (--strategies, names or grids from harness/grids.py; ``--list-strategies``
 prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and rules and
