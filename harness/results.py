@@ -270,13 +270,12 @@ def arith_config_of(model_dir) -> "ArithConfig":
     return ArithConfig(**{**extra["arith"], "ops": tuple(extra["arith"].get("ops", ("+", "-")))})
 
 
-def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool = True) -> list[int]:
-    """Token ids of a (few-shot) GSM8K-format prompt.
+def prompt_text(tokenizer, question: str, shots=(), use_chat_template: bool = True) -> str:
+    """The text of a (few-shot) GSM8K-format prompt.
 
     With ``use_chat_template`` and a tokenizer that has ``chat_template``, the shots become
     alternating user / assistant turns and the question the last user turn (generation prompt
-    added); otherwise :func:`tasks.format_prompt`. No special tokens are added beyond what
-    the template writes.
+    added); otherwise :func:`tasks.format_prompt`.
     """
     from tasks import format_prompt
 
@@ -286,10 +285,14 @@ def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool 
             messages += [{"role": "user", "content": shot.question},
                          {"role": "assistant", "content": shot.answer}]
         messages.append({"role": "user", "content": question})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = format_prompt(question, shots)
-    return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return format_prompt(question, shots)
+
+
+def encode_question(tokenizer, question: str, shots=(), use_chat_template: bool = True) -> list[int]:
+    """Token ids of :func:`prompt_text`; no special tokens are added beyond what the template
+    writes (checked encoding of a whole problem set: :func:`harness.prompt_checks.encode_prompts`)."""
+    return tokenizer.encode(prompt_text(tokenizer, question, shots, use_chat_template), add_special_tokens=False)
 
 
 def apply_stop_strings(text: str, until: Iterable[str]) -> str:

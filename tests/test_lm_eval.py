@@ -235,7 +235,7 @@ def test_simple_evaluate_gsm8k_local_end_to_end(ckpts, tmp_path, monkeypatch):
     (tmp_path / "tasks" / "gsm8k_local.yaml").write_text(yaml_text)
     tm = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
     res = lm_eval.simple_evaluate(
-        model="fastdllm", model_args=f"pretrained={ckpts['llada']},policy=dual,threshold=0.9,gen_length=16,"
+        model="fastdllm", model_args=f"pretrained={ckpts['llada']},policy=dual,threshold=0.9,gen_length=8,"
                                      "block_length=8,dtype=float64",
         tasks=["gsm8k_local"], num_fewshot=1, limit=3, batch_size=2, bootstrap_iters=0, task_manager=tm)
     r = res["results"]["gsm8k_local"]

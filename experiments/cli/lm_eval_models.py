@@ -16,7 +16,13 @@ Dream checkpoint gets Fast-dLLM's Dream rules unless ``family=llada``; ``bd3lm``
 block-causal cache with the model's block size); the text is cut at the first EOS / EoT and then at the
 first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
 request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).
-Prompts longer than ``max_seq_len - gen_length`` keep their last tokens.
+
+Before the first forward every request's prompt is checked (:mod:`harness.prompt_checks`): one
+longer than ``max_seq_len - gen_length`` (loglikelihood: minus the continuation) is refused naming
+the task and doc, unless ``truncate=left``, which keeps its last tokens and warns with the count
+of requests cut; one holding the mask token's text is refused; text the tokenizer cannot
+represent is reported in one line; a few-shot example that is one of the evaluated questions
+(docs with a ``question`` field) is refused.
 
 loglikelihood: ``fastdllm`` (bidirectional LLaDA / Dream / native models) uses LLaDA's
 Monte-Carlo ELBO (Nie et al. 2025, eq. 6; their ``get_log_likelihood``): each of ``mc_num``
@@ -48,6 +54,7 @@ from dlm.likelihood import mc_loglikelihood  # noqa: F401  (LLaDA eq. 6; re-expo
 from dlm.sample import stop_ids
 from dlm.spec import Sampler, generate
 from tasks.evaluate import left_pad, length_batches, padding_waste
+from harness.prompt_checks import check_contexts_unseen, fit_or_cut, mask_error, token_trouble, unk_note
 from harness.cli import add_list_flag, dtype_of, parser, reading, run_main
 from harness.results import apply_stop_strings, decode_until_stop
 from harness.grids import listing, resolve, sampler_names
@@ -92,8 +99,11 @@ class DiffusionEvalLM(LM):
     ``call(model, input_ids, attention_mask, generator)`` decodes a batch (:func:`dlm.spec.generate`)."""
 
     def __init__(self, strategy: Sampler, batch_size=1, mc_num: int = 128,
-                 mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 0) -> None:
+                 mc_batch_size: int = 32, check_greedy: bool = True, seed: int = 0, truncate: str = "no") -> None:
         super().__init__()
+        if truncate not in ("no", "left"):
+            raise ValueError(f"truncate must be 'no' (refuse an over-long prompt) or 'left', got {truncate!r}")
+        self.truncate = truncate
         self.batch_size = _positive("batch_size", batch_size)
         self.mc_num, self.mc_batch_size = _positive("mc_num", mc_num), _positive("mc_batch_size", mc_batch_size)
         if self.mc_num % self.mc_batch_size:
@@ -144,18 +154,41 @@ class DiffusionEvalLM(LM):
             raise ValueError(f"continuation {continuation!r} encodes to no tokens")
         if len(cont) >= self.max_length:
             raise ValueError(f"continuation of {len(cont)} tokens does not fit max_seq_len={self.max_length}")
-        ctx = ctx or self._start_ids()
-        return ctx[-(self.max_length - len(cont)):], cont
+        return ctx or self._start_ids(), cont
+
+    def _checked(self, kind: str, requests, texts: list[str], ids: list[list[int]], tails: list[list[int]],
+                 after: list[int] | None) -> list[list[int]]:
+        """The ``ids`` (+ ``tails``) of ``texts`` checked before the first forward (module docstring);
+        each must leave room for its ``after`` tokens (None: any length), or is cut under ``truncate=left``."""
+        labels = [f"{r.task_name} doc {r.doc_id}" if r.task_name is not None else f"{kind} request {i}"
+                  for i, r in enumerate(requests)]
+        mask_id, bad = self.model.config.mask_token_id, {}
+        for label, text, x, tail in zip(labels, texts, ids, tails):
+            masked, pieces = token_trouble(self.tokenizer, text, x + tail, mask_id)
+            if masked:
+                raise mask_error(f"lm-eval {kind}", f"the prompt of {label}", self.tokenizer, mask_id)
+            if pieces:
+                bad.setdefault(label, pieces)
+        note = unk_note(f"lm-eval {kind}", bad, len(requests), getattr(self.tokenizer, "unk_token", None))
+        if note:
+            print(note, file=sys.stderr)
+        docs = [(r.task_name, label, r.doc["question"], r.args[0]) for label, r in zip(labels, requests)
+                if isinstance(r.doc, dict) and isinstance(r.doc.get("question"), str)]
+        for task in dict.fromkeys(d[0] for d in docs):  # within each task: quadratic in its docs
+            check_contexts_unseen([d[1:] for d in docs if d[0] == task])
+        long = [] if after is None else fit_or_cut(labels, [len(x) for x in ids], after, self.max_length, kind,
+                                                   self.truncate == "left")
+        return [x[-(self.max_length - after[i]):] if i in long else x for i, x in enumerate(ids)]
 
     # ---------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Batches of similar prompt length (longest first; :func:`length_batches`), answers in
         request order; the padding share is kept in ``self.padding_waste``."""
-        G = self.strategy.gen_length
-        keep = self.max_length - G
         tok, stop = self.tokenizer, stop_ids(self.model)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        prompts = [(tok.encode(r.args[0], add_special_tokens=False) or self._start_ids())[-keep:] for r in requests]
+        prompts = [tok.encode(r.args[0], add_special_tokens=False) or self._start_ids() for r in requests]
+        prompts = self._checked("generate_until", requests, [r.args[0] for r in requests], prompts,
+                                [[]] * len(prompts), [self.strategy.gen_length] * len(prompts))
         lengths = [len(p) for p in prompts]
         batches = length_batches(lengths, self.batch_size)
         self.padding_waste = padding_waste(lengths, batches)
@@ -179,8 +212,12 @@ class DiffusionEvalLM(LM):
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []
-        for r in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood"):
-            ctx, cont = self._encode_pair(*r.args)
+        pairs = [self._encode_pair(*r.args) for r in requests]
+        texts = [r.args[0] + r.args[1] for r in requests]
+        ctxs = self._checked("loglikelihood", requests, texts, [c for c, _ in pairs], [t for _, t in pairs],
+                             [len(t) for _, t in pairs])
+        for r, ctx, (_, cont) in zip(tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood"),
+                                     ctxs, pairs):
             prefix, target = torch.tensor(ctx, dtype=torch.long), torch.tensor(cont, dtype=torch.long)
             ll = self.score(prefix, target)
             greedy = self.greedy(prefix, target) if self.check_greedy else False
@@ -193,8 +230,10 @@ class DiffusionEvalLM(LM):
         preceding ``max_seq_len // 2`` tokens ([BOS] for the first)."""
         out = []
         half = self.max_length // 2
-        for r in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"):
-            ids = self.tokenizer.encode(r.args[0], add_special_tokens=False)
+        texts = [r.args[0] for r in requests]
+        every = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        self._checked("loglikelihood_rolling", requests, texts, every, [[]] * len(every), None)  # chunked: any length
+        for r, ids in zip(tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="loglikelihood_rolling"), every):
             total = 0.0
             for s in range(0, len(ids), half):
                 ctx = ids[max(0, s - half):s] or self._start_ids()
@@ -248,7 +287,8 @@ class FastDLLMEvalLM(DiffusionEvalLM):
 
     def __init__(self, pretrained: str = "", strategy: Optional[str] = None, mc_num: int = 128,
                  mc_batch_size: int = 32, check_greedy: bool = True, batch_size=1, max_batch_size=None,
-                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0, **sampler) -> None:
+                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0, truncate: str = "no",
+                 **sampler) -> None:
         strat = fastdllm_sampler(strategy, sampler)  # validates before loading
         from dlm.checkpoints import load_model
 
@@ -258,7 +298,7 @@ class FastDLLMEvalLM(DiffusionEvalLM):
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.bd3 = None
-        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed, truncate)
 
     def score(self, prefix: Tensor, target: Tensor) -> float:
         g = torch.Generator().manual_seed(self.seed)  # mc_loglikelihood draws on the CPU
@@ -281,7 +321,7 @@ class BD3LMEvalLM(DiffusionEvalLM):
     def __init__(self, pretrained: str = "", gen_length: int = 256, steps: Optional[int] = None,
                  temperature: float = 0.0, stop_at_eos: bool = True, mc_num: int = 128,
                  mc_batch_size: int = 32, check_greedy: bool = True, batch_size=1, max_batch_size=None,
-                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0) -> None:
+                 device: Optional[str] = None, dtype: str = "auto", seed: int = 0, truncate: str = "no") -> None:
         from bd3lm import BD3LM
 
         dev, dt = _load(pretrained, dtype, device)
@@ -294,7 +334,7 @@ class BD3LMEvalLM(DiffusionEvalLM):
         strat = Sampler.of("bd3lm", policy="exact", gen_length=G, block_length=self.bd3.block_size,
                            steps=_optional_int(steps), temperature=float(temperature), top_p=1.0,
                            stop_at_eos=bool(stop_at_eos), align=self.bd3.align)
-        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed)
+        super().__init__(strat, batch_size, mc_num, mc_batch_size, check_greedy, seed, truncate)
 
     def score(self, prefix: Tensor, target: Tensor) -> float:
         g = torch.Generator(device=self._device).manual_seed(self.seed)  # bd3_nelbo draws on the model's device
@@ -322,7 +362,8 @@ def model_args_help() -> str:
     notes = ["strategy=NAME: a name of harness/grids.py (every name: --list-strategies); otherwise any "
              "sampler field (policy, rule, family, gen_length, block_length, steps, stop_at_eos) and any "
              "registered option (the flags of python -m experiments.cli.generate --help); device: cuda when "
-             "available, else cpu.",
+             "available, else cpu. truncate='no' refuses a prompt longer than max_seq_len - gen_length, "
+             "naming the task and doc; truncate=left keeps its last tokens and warns with the count.",
              "Tasks: the embedded checkpoints (results/checkpoints/) are tiny models of procedural tasks (the "
              "GSM8K-format arithmetic 'arith' and its variants), which lm-eval does not have: score them with "
              "python -m experiments.eval.gsm8k (its default --data arith). --tasks gsm8k is real GSM8K from the Hub; "

@@ -12,7 +12,9 @@ config.json ``extra.arith`` when there is one); ``gsm8k`` = the real GSM8K test 
 Hub (needs ``datasets``); or a local GSM8K jsonl (``question``/``answer`` per line). Few-shot
 examples come from the arith train split, the Hub train split, or ``train.jsonl`` beside the
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
-user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``.
+user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``. Before any
+compute, shots that are test questions and prompts holding the mask token's text are refused, and
+text the tokenizer cannot represent is reported (:mod:`harness.prompt_checks`).
 
 Strategies (--strategies, names or grids from harness/grids.py; ``--list-strategies``
 prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and rules and
@@ -58,6 +60,7 @@ from harness.cli import (DTYPES, add_list_flag, device_of, dtype_of, parser, rea
                              set_threads)
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                                 git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
+from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
 from dlm.spec import Sampler, resolve_family
@@ -263,12 +266,10 @@ def make_job(strategy: Sampler, loaded: Loaded, cfg: HarnessConfig, problems, sh
         except ValueError as e:
             raise ValueError(f"strategy {strategy.name} on --bd3-model {cfg.bd3_model}: {e}") from None
     chat = cfg.chat_template and bool(getattr(loaded.tokenizer, "chat_template", None))
-    longest = max(len(encode_question(loaded.tokenizer, p.question, shots, chat)) for p in problems)
-    limit = loaded.model.config.max_seq_len
-    if longest + strategy.gen_length > limit:
-        raise ValueError(f"--num-fewshot {cfg.num_fewshot} / --gen-length {strategy.gen_length}: the "
-                         f"longest prompt ({longest} tokens) + gen length exceeds max_seq_len={limit} "
-                         f"of {loaded.source}")
+    length, first = max((len(encode_question(loaded.tokenizer, p.question, shots, chat)), p.id) for p in problems)
+    check_fits(f"--data {cfg.data}: problem {first} ({cfg.num_fewshot} shots, the longest)", length,
+               strategy.gen_length, loaded.model.config.max_seq_len,
+               f"lower --num-fewshot or --gen-length (the limit of {loaded.source})")
     family = resolve_family(strategy.family, loaded.model.config)
     config = {"strategy": strategy.as_dict(), "model": str(loaded.source), "data": cfg.data,
               "num_fewshot": cfg.num_fewshot, "chat_template": chat, "seed": cfg.seed,
@@ -355,12 +356,17 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
     if info.enabled and device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
     problems, shots = load_problems(cfg), load_shots(cfg)
+    check_shots_unseen(shots, problems, cfg.data if cfg.data in ("arith", "gsm8k") else Path(cfg.data).with_name(
+        "train.jsonl"))
     strategies = list(cfg.strategies)
     if cfg.bd3_model is None and any(is_bd3(s) for s in strategies):
         if info.is_main:
             print("bd3lm: skipped (no --bd3-model given)", file=sys.stderr)
         strategies = [s for s in strategies if not is_bd3(s)]
     main_model, bd3_model = load_models(cfg, strategies, device)
+    for loaded in (m for m in (main_model, bd3_model) if m is not None):  # the mask token refused, <|unk|> reported
+        encode_prompts(loaded.tokenizer, problems, shots, cfg.chat_template, mask_id=loaded.model.config.mask_token_id,
+                       where=f"--data {cfg.data} on {loaded.source}")
     jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
     for j in jobs:  # every file is checked before any compute
         path = cfg.out / f"{j.strategy.name}.jsonl"
