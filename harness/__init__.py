@@ -7,6 +7,8 @@ entry points) or ``research`` (the probes); both import it.
 - ``results``: results I/O that never loses work (``JsonlLog``, ``read_jsonl``, ``config_hash``,
   ``git_sha``, ``atomic_write_text``, ``write_if_changed``), prompts and decoded answers
 - ``locks``: one writer at a time, advisory locks on results files and folders
+- ``records``: the per-sample record checked before it is believed (the report and every resume)
+- ``problem_sets``: rows of one table over different problems, noted or restricted to the common ones
 - ``evaluate``: the one evaluation path, a ``dlm.spec.Sampler`` over GSM8K-format problems
 - ``report``: tables, Pareto plot and factorial ablation of a GSM8K harness run
   (``python -m harness.report --out DIR`` rebuilds them from the run's JSONL files)

@@ -36,16 +36,18 @@ from dlm.sample import stop_ids
 from dlm.stats import tail_before_answer
 from tasks import Problem, extract_flexible, extract_strict, is_correct
 from tasks.evaluate import decode_until_stop, left_pad, length_batches, wilson_ci
-from harness.results import JsonlLog, encode_question, git_sha, rank_log_paths, read_jsonl
+from harness.records import Expected, check_records, read_records
+from harness.results import JsonlLog, encode_question, git_sha, rank_log_paths
 from dlm.spec import Sampler, generate
 from harness.grids import factors
 
 
 def existing_records(path: Path) -> dict[str, dict]:
-    """id -> record over ``path`` and its per-rank logs (first seen wins)."""
+    """id -> record over ``path`` and its per-rank logs (first seen wins), each checked
+    (:func:`harness.records.read_records`: a resume never builds on an edited record)."""
     out: dict[str, dict] = {}
     for src in [Path(path), *rank_log_paths(path)]:
-        for r in read_jsonl(src):
+        for r in read_records(src):
             out.setdefault(r["id"], r)
     return out
 
@@ -140,6 +142,8 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Sampler, l
     if log is not None:
         done.update({r["id"]: r for r in log.records})
         check_resumable(done, log.path, config_hash, weights)
+        check_records(log.path, enumerate(log.records, 1),  # the log's records are its lines, in order
+                      Expected(gen_length=strategy.gen_length, source=f"strategy {strategy.name}"))
     check_same_problems(done, problems, "the results file" if log is None else log.path)
     tags = {**(tags or {}), **({} if config_hash is None else {"config_hash": config_hash}), "seed": seed}
     tail = {} if log is None else {"git_sha": git_sha(), "model_weights": weights}

@@ -2,7 +2,9 @@
 
     python -m harness.report --out results/gsm8k_arith [--baseline baseline_semiar]
 
-Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model) and writes
+Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model), every record checked
+(:mod:`harness.records`; rows over different problems noted, or with ``--common-problems``
+restricted to the shared ones: :mod:`harness.problem_sets`), and writes
 
 - ``table.md`` / ``table.csv`` / ``table.json``: Fast-dLLM Table 1 layout, one row per strategy:
   accuracy % with a seeded 95% bootstrap CI (1000 resamples), throughput (generated tokens up
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -36,7 +37,9 @@ import numpy as np
 
 from dlm.io import round_floats, stable_json
 from harness.cli import parser, run_main
-from harness.results import atomic_write_text, read_jsonl
+from harness.problem_sets import ProblemSets, align
+from harness.records import REPORT, expected_of, read_records, run_config
+from harness.results import atomic_write_text
 from tasks.evaluate import mcnemar_exact
 from harness.frontier import _fmt, frontier, render_frontier
 from harness.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
@@ -132,7 +135,7 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
     for path in out.glob("*.jsonl"):
         if ".rank" in path.stem:
             continue
-        records = read_jsonl(path)
+        records = read_records(path, expected_of(path, REPORT, strategy=path.stem))  # checked, not trusted
         if records:
             runs[path.stem] = sorted(records, key=lambda r: (r.get("index", 0), str(r["id"])))
     order = list(sampler_names())
@@ -241,16 +244,16 @@ def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect],
 
 
 # -------------------------------------------------------------------------------------- writers
-def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed: int) -> dict:
-    cfg_file = Path(out) / "config.json"
-    run_cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed: int,
+          sets: ProblemSets | None = None) -> dict:
     base, note = speedup_reference(rows, baseline)
     return {"run_git_shas": sorted({s for r in rows for s in r.git_shas.split()}),
             "baseline": baseline, "speedup_reference": base.strategy if base else None, "speedup_note": note,
             "batch_rows": {r.strategy: r.batch_rows for r in rows}, "mixed_batch_rows": mixed_batches(rows),
             "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
             "config_hashes": {r.strategy: r.config_hashes for r in rows},
-            "run_config": run_cfg.get("strategies", {}), "frontier": frontier(rows, base.strategy if base else None)}
+            "run_config": run_config(out).get("strategies", {}), "frontier": frontier(rows, base.strategy if base else None),
+            **({"problem_sets": asdict(sets)} if sets else {})}
 
 
 def _speedup_words(meta: dict) -> str:
@@ -276,6 +279,7 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"wall-clock seconds of generation; McNemar: exact paired test against the same row on the "
              f"same problems (b/c: problems only it / only this row solves); FLOP ideal: its FLOPs per token "
              f"over this row's, the speed-up if time followed FLOPs.{_batch_words(meta)}", "",
+             *([meta["problem_sets"]["note"], ""] if "problem_sets" in meta else []),
              f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | tokens/s{' (batch size)' if mixed else ''} | "
              f"speed-up vs {meta['speedup_reference']} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "
              "n | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -344,13 +348,19 @@ class Report:
 
 
 def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int = 1000, seed: int = 0,
-                 plot: bool = True) -> Report:
-    """Rebuild every report file of ``out`` from its JSONL files."""
+                 plot: bool = True, common: bool = False) -> Report:
+    """Rebuild every report file of ``out`` from its JSONL files; ``common``: every row over the
+    problems all rows share (:func:`harness.problem_sets.align`; else each over its own, noted)."""
     out = Path(out)
-    rows = table_rows(load_runs(out), baseline, n_resamples, seed)
-    if not rows:
+    runs = load_runs(out)
+    if not runs:
         raise ValueError(f"--out {out}: no <strategy>.jsonl results to report")
-    meta = _meta(out, rows, baseline, n_resamples, seed)
+    try:
+        runs, sets = align(runs, baseline if baseline in runs else next(iter(runs)), common)
+    except ValueError as e:
+        raise ValueError(f"--out {out}: {e}") from None
+    rows = table_rows(runs, baseline, n_resamples, seed)
+    meta = _meta(out, rows, baseline, n_resamples, seed, sets)
     effects, info = factorial_effects(rows, baseline)
     md, csv_text = render_table(rows, meta), render_csv(rows, meta["speedup_reference"])
     abl_md, abl_csv = render_ablation(effects, info, meta)
@@ -375,8 +385,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-plot", action="store_true", help="skip pareto.png")
+    p.add_argument("--common-problems", action="store_true",
+                   help="report every row over the problems all rows share (default: each row over its own, "
+                        "with a note when they differ)")
     a = p.parse_args(argv)
-    print(build_report(Path(a.out), a.baseline, a.resamples, a.seed, plot=not a.no_plot).table_md)
+    print(build_report(Path(a.out), a.baseline, a.resamples, a.seed, plot=not a.no_plot,
+                       common=a.common_problems).table_md)
 
 
 if __name__ == "__main__":

@@ -163,7 +163,12 @@ def read_jsonl(path: Path, *, dedupe: bool = False) -> list[dict]:
     raise ValueError naming the file and line(s); ``dedupe=True`` keeps the first record of each
     id instead. Only a last line without its newline (a write cut short) is skipped, with a note.
     """
-    return [record for _, _, record in _load_jsonl(Path(path), dedupe)[0]]
+    return [record for _, record in read_numbered(path, dedupe=dedupe)]
+
+
+def read_numbered(path: Path, *, dedupe: bool = False) -> list[tuple[int, dict]]:
+    """:func:`read_jsonl` with each record's line number (for messages that name the line)."""
+    return [(number, record) for number, _, record in _load_jsonl(Path(path), dedupe)[0]]
 
 
 def _file_state(path: Path) -> Optional[tuple]:

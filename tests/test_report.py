@@ -23,10 +23,11 @@ FACTORS = {
 def _records(name: str, n: int, seconds: float, batch_rows) -> list[dict]:
     """``n`` synthetic per-sample records; ``batch_rows`` is one size or a list, one per record."""
     sizes = batch_rows if isinstance(batch_rows, list) else [batch_rows] * n
-    return [{"id": f"p{i}", "index": i, "strategy": name, "correct": i % 2 == 0, "tokens_until_eos": 10,
-             "seconds": seconds, "nfe": 8, "steps": 8, "tokens_committed": 16, "positions_computed": 100,
-             "batch_rows": sizes[i], "factors": FACTORS[name], "config_hash": f"h-{name}", "git_sha": "g"}
-            for i in range(n)]
+    return [{"id": f"p{i}", "index": i, "strategy": name, "prediction": f"#### {i % 2}", "target": "0",
+             "extracted": str(i % 2), "correct": i % 2 == 0, "tokens_until_eos": 10, "prompt_length": 12,
+             "first_eos_step": 5, "seed": 0, "seconds": seconds, "nfe": 8, "steps": 8, "tokens_committed": 16,
+             "positions_computed": 100, "batch_rows": sizes[i], "factors": FACTORS[name],
+             "config_hash": f"h-{name}", "git_sha": "g"} for i in range(n)]
 
 
 def _write(out, runs: dict[str, list[dict]]) -> None:

@@ -204,8 +204,11 @@ def test_sft_batches_direct_answers(tok):
 def test_testbed_refuses_samples_of_other_weights(tmp_path):
     from harness.evaluate import check_resumable, existing_records
 
+    sample = {"prediction": "#### 1", "target": "1", "extracted": "1", "correct": True, "tokens_until_eos": 4,
+              "nfe": 4, "seconds": 0.5, "prompt_length": 8, "first_eos_step": 3, "seed": 0}  # a valid record
     log = JsonlLog(tmp_path / "x.jsonl")
-    log.append([{"id": "a", "config_hash": "h1", "model_weights": "w1"}, {"id": "b", "config_hash": "h1"}])
+    log.append([{**sample, "id": "a", "config_hash": "h1", "model_weights": "w1"},
+                {**sample, "id": "b", "config_hash": "h1"}])
     done = existing_records(log.path)
     check_resumable(done, log.path, "h1", "w1")
     with pytest.raises(ValueError, match="weights"):
