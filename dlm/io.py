@@ -12,6 +12,10 @@ records past a point (and a last line cut short). Temp names: ``.<target name>.t
 (a directory being replaced); :func:`leftover_temps` finds them (and the names older versions of
 ``dlm.train`` used: ``tmp-*``, ``old-*``, ``.tmp-*``) so a restarted run can remove them.
 
+A write that fails because the disk is full raises :class:`DiskFullError` naming the file or folder
+being written (a library's own error, e.g. torch's ``unexpected pos 256064 vs 255952``, becomes
+one when the disk has no room left), and the temp file is gone: the target keeps its old content.
+
 Two more things every writer and reader shares: :func:`stable_json` rounds every float to
 :data:`DIGITS` significant digits before it is written, so a rebuild on another CPU, BLAS or numpy
 (which move the last bits of a least-squares fit or a reduction) writes the same bytes; and
@@ -20,6 +24,7 @@ Two more things every writer and reader shares: :func:`stable_json` rounds every
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -33,6 +38,8 @@ from typing import Any, Callable, Iterator, Union
 PathLike = Union[str, os.PathLike]
 #: name patterns of temp files / dirs left behind when a writer is killed mid-write
 TEMP_PATTERNS = (".*.tmp-*", ".*.old-*", "tmp-*", "old-*", ".tmp-*")
+#: below this many free bytes a failed write is blamed on a full disk
+FULL_BELOW = 1 << 20
 #: significant digits every written float keeps: BLAS / CPU / numpy noise (~1e-15 relative) is
 #: gone, and a 1e-13 relative change of a fit's inputs moves no written byte
 DIGITS = 10
@@ -111,6 +118,34 @@ def fix_modes(path: PathLike) -> None:
                 os.chmod(os.path.join(root, name), fmode)
 
 
+class DiskFullError(OSError):
+    """A write failed because the disk (or the quota) is full: ``<path>: No space left on device``."""
+
+
+def free_bytes(path: PathLike) -> int:
+    """Free bytes for this user on the filesystem holding ``path`` (or its nearest existing parent)."""
+    path = os.path.abspath(os.fspath(path))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(error: BaseException, path: PathLike) -> DiskFullError | None:
+    """A :class:`DiskFullError` naming ``path`` when ``error`` (raised writing it) means a full disk:
+    an ``ENOSPC`` / ``EDQUOT`` OSError, or any other error while fewer than :data:`FULL_BELOW` bytes
+    are free (torch, safetensors and numpy report a short write in their own words); else None."""
+    if isinstance(error, DiskFullError) or not isinstance(error, Exception):
+        return None
+    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not full:
+        try:
+            full = free_bytes(path) < FULL_BELOW
+        except OSError:
+            full = False
+    return DiskFullError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path)) if full else None
+
+
 @contextmanager
 def atomic_path(path: PathLike) -> Iterator[str]:
     """Yield a temp file path beside ``path``; when the block succeeds the file gets
@@ -123,9 +158,12 @@ def atomic_path(path: PathLike) -> Iterator[str]:
         yield tmp
         os.chmod(tmp, file_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        full = disk_full(e, path)
+        if full is not None:
+            raise full from e
         raise
 
 
@@ -188,8 +226,11 @@ def write_dir(target: PathLike, write: Callable[[str], None]) -> None:
     tmp = temp_dir_for(target)
     try:
         write(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = disk_full(e, target)
+        if full is not None:
+            raise full from e
         raise
     replace_dir(tmp, target)
 

@@ -13,10 +13,13 @@ splits it into micro-batches of ``micro_batch_size`` rows (gradient accumulation
 objective defines ``sample_noise``, the noise is drawn once for the global batch before sharding,
 so N processes take exactly the optimizer step one process would.
 
+One run per ``out_dir``: the main process holds its lock (:mod:`dlm.locks`, the harness's) for
+the whole run, and a second run into it fails at once naming the first one's pid and start time.
 Files in ``out_dir``: ``model/`` (``save_fn`` output, EMA weights when enabled; swapped in via a
 temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``. All get
-ordinary modes (``0o666`` / ``0o777`` minus the umask, :mod:`dlm.io`). At start the temp files of a
-killed run are removed (and printed) and ``metrics.jsonl`` keeps only records up to the resumed
+ordinary modes (``0o666`` / ``0o777`` minus the umask, :mod:`dlm.io`); a full disk is one
+:class:`dlm.io.DiskFullError` naming the file, the previous checkpoint intact. At start the temp
+files and unheld lock files of a killed run are removed (and printed) and ``metrics.jsonl`` keeps only records up to the resumed
 step (none on a fresh start), so a rerun never logs a step twice; a log window straddling a resume
 averages only the steps after it.
 
@@ -45,6 +48,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .ema import EMA
 from .io import atomic_path, remove_leftover_temps, write_dir
+from .locks import remove_stale_locks, results_lock
 from .recipe import lr_at, param_groups, step_generator
 from .resume import (RESUMABLE_FIELDS, as_recipe, check_shapes, flag_recipe,  # noqa: F401
                      check_recipe, trim_metrics)
@@ -231,6 +235,15 @@ def train(
     save_fn = _default_save if save_fn is None else save_fn
 
     info = distributed.init()
+    if info.is_main:
+        os.makedirs(config.out_dir, exist_ok=True)
+    with results_lock(config.out_dir) if info.is_main else nullcontext():  # one run per out_dir
+        return _train(model, objective, batches, config, tokenizer, eval_fn, save_fn, recipe, force_recipe, info)
+
+
+def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, save_fn, recipe, force_recipe,
+           info) -> TrainResult:
+    """:func:`train` after its checks, the main process holding the lock of ``config.out_dir``."""
     per_rank, rem = divmod(config.batch_size, info.world_size)
     micro = config.micro_batch_size or per_rank
     if rem or per_rank % micro:
@@ -248,8 +261,7 @@ def train(
     state_path = os.path.join(out_dir, STATE_FILE)
     metrics_path = os.path.join(out_dir, METRICS_FILE)
     if info.is_main:
-        os.makedirs(out_dir, exist_ok=True)
-        removed = remove_leftover_temps(out_dir)
+        removed = remove_leftover_temps(out_dir) + remove_stale_locks(out_dir)
         if removed:
             print(f"{out_dir}: removed temp files of an interrupted run: {', '.join(removed)}")
     distributed.barrier(info)
@@ -316,63 +328,65 @@ def train(
     bar = tqdm(total=config.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
     sums: dict[str, Tensor] = {}
     n_summed, t_last, tokens_last = 0, time.perf_counter(), tokens_seen
-    while step < config.max_steps:
-        lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        try:
-            batch = _prepare_batch(next(stream), config, device)
-        except StopIteration:
-            raise ValueError(f"batches ran out after {step} steps (max_steps={config.max_steps})") from None
-        if "input_ids" in batch:
-            tokens_seen += batch["input_ids"].numel()
-        if sample_noise is not None:
-            noise = sample_noise(batch, step_generator(config.seed, step, 1, device))
-            clash = set(noise) & set(batch)
-            if clash:
-                raise ValueError(f"objective noise keys {sorted(clash)} collide with batch keys")
-            batch.update(noise)
-        shard = distributed.shard_rows(batch, info)
+    try:  # the bar ends its line even when a step fails, so an error starts a line of its own
+        while step < config.max_steps:
+            lr = lr_at(step, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            try:
+                batch = _prepare_batch(next(stream), config, device)
+            except StopIteration:
+                raise ValueError(f"batches ran out after {step} steps (max_steps={config.max_steps})") from None
+            if "input_ids" in batch:
+                tokens_seen += batch["input_ids"].numel()
+            if sample_noise is not None:
+                noise = sample_noise(batch, step_generator(config.seed, step, 1, device))
+                clash = set(noise) & set(batch)
+                if clash:
+                    raise ValueError(f"objective noise keys {sorted(clash)} collide with batch keys")
+                batch.update(noise)
+            shard = distributed.shard_rows(batch, info)
 
-        for k in range(accum):
-            mb = {key: v[k * micro:(k + 1) * micro] for key, v in shard.items()}
-            g = step_generator(config.seed, step, 2 + info.rank * accum + k, device)
-            defer_sync = info.enabled and k < accum - 1
-            with fwd.no_sync() if defer_sync else nullcontext():
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    loss, metrics = objective(fwd, mb, g)
-                (loss / accum).backward()
-            for name, value in {"loss": loss, **metrics}.items():
-                value = torch.as_tensor(value, dtype=torch.float32).detach().to(device)
-                sums[name] = sums.get(name, 0.0) + value / accum
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), config.grad_clip if config.grad_clip > 0 else math.inf)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
-            ema.update(model)
-        step += 1
-        n_summed += 1
-        bar.update(1)
+            for k in range(accum):
+                mb = {key: v[k * micro:(k + 1) * micro] for key, v in shard.items()}
+                g = step_generator(config.seed, step, 2 + info.rank * accum + k, device)
+                defer_sync = info.enabled and k < accum - 1
+                with fwd.no_sync() if defer_sync else nullcontext():
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                        loss, metrics = objective(fwd, mb, g)
+                    (loss / accum).backward()
+                for name, value in {"loss": loss, **metrics}.items():
+                    value = torch.as_tensor(value, dtype=torch.float32).detach().to(device)
+                    sums[name] = sums.get(name, 0.0) + value / accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), config.grad_clip if config.grad_clip > 0 else math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(model)
+            step += 1
+            n_summed += 1
+            bar.update(1)
 
-        if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
-            names = sorted(sums)
-            values = distributed.all_reduce_mean(torch.stack([sums[n] for n in names]), info) / n_summed
-            now = time.perf_counter()
-            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm),
-                      "tokens_per_s": (tokens_seen - tokens_last) / max(now - t_last, 1e-9),
-                      **{n: float(v) for n, v in zip(names, values.tolist())}}
-            sums, n_summed, t_last, tokens_last = {}, 0, now, tokens_seen
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            log(record)
-            result.train_metrics = record
-        if config.eval_every and (step % config.eval_every == 0 or step == config.max_steps):
-            result.eval_metrics = evaluate()
-            if result.eval_metrics:
-                log({"step": step, **{f"eval/{k}": _to_float(v) for k, v in result.eval_metrics.items()}})
-        if step == config.max_steps or (config.save_every and step % config.save_every == 0):
-            checkpoint()
-    bar.close()
+            if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
+                names = sorted(sums)
+                values = distributed.all_reduce_mean(torch.stack([sums[n] for n in names]), info) / n_summed
+                now = time.perf_counter()
+                record = {"step": step, "lr": lr, "grad_norm": float(grad_norm),
+                          "tokens_per_s": (tokens_seen - tokens_last) / max(now - t_last, 1e-9),
+                          **{n: float(v) for n, v in zip(names, values.tolist())}}
+                sums, n_summed, t_last, tokens_last = {}, 0, now, tokens_seen
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                log(record)
+                result.train_metrics = record
+            if config.eval_every and (step % config.eval_every == 0 or step == config.max_steps):
+                result.eval_metrics = evaluate()
+                if result.eval_metrics:
+                    log({"step": step, **{f"eval/{k}": _to_float(v) for k, v in result.eval_metrics.items()}})
+            if step == config.max_steps or (config.save_every and step % config.save_every == 0):
+                checkpoint()
+    finally:
+        bar.close()
     result.step = step
     return result
 

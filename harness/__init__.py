@@ -5,8 +5,8 @@ It builds on ``dlm``, ``tasks`` and the method packages and never imports ``expe
 entry points) or ``research`` (the probes); both import it.
 
 - ``results``: results I/O that never loses work (``JsonlLog``, ``read_jsonl``, ``config_hash``,
-  ``git_sha``, ``atomic_write_text``, ``write_if_changed``), prompts and decoded answers
-- ``locks``: one writer at a time, advisory locks on results files and folders
+  ``git_sha``, ``atomic_write_text``, ``write_if_changed``; the locks of :mod:`dlm.locks`), prompts
+  and decoded answers
 - ``records``: the per-sample record checked before it is believed (the report and every resume)
 - ``problem_sets``: rows of one table over different problems, noted or restricted to the common ones
 - ``evaluate``: the one evaluation path, a ``dlm.spec.Sampler`` over GSM8K-format problems

@@ -3,15 +3,23 @@
 and markdown tables. argparse lives only in entry points; this module builds their parsers.
 
 Every entry point (``python -m experiments.<role>.X``) ends through :func:`run_main`: a user error
-(a bad flag value, a missing file or folder, a malformed checkpoint or data file) is one line on
-stderr, ``python -m experiments.<role>.X: error: ...``, and exit status 2, like argparse's own
-errors; a bug keeps its traceback. ``DLM_TRACEBACK=1`` shows the traceback of user errors too."""
+(a bad flag value, a missing file or folder, a malformed checkpoint or data file, an output folder
+that cannot be written or that another run holds, a full disk) is one line on stderr,
+``python -m experiments.<role>.X: error: ...``, and exit status 2, like argparse's own errors; a
+bug keeps its traceback. ``DLM_TRACEBACK=1`` shows the traceback of user errors too.
+
+Output folders: :func:`check_out` refuses, before any compute, an ``--out`` that is a file, lies
+under a file or cannot be written; :func:`writing_to` also creates it, holds its lock
+(:mod:`dlm.locks`) for the run, and removes it again when the run fails before writing anything."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -19,10 +27,13 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from dlm.checkpoints import DTYPES
+from dlm.io import DiskFullError, remove_leftover_temps
+from dlm.locks import ResultsLockedError, remove_stale_locks, results_lock
 
 REPO = Path(__file__).resolve().parents[1]
-#: OS errors that name a path the user gave (anything else, e.g. a full disk, keeps its traceback)
-PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
+#: OS errors that name a path the user gave, or a full disk (any other OS error keeps its traceback)
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError,
+               DiskFullError)
 
 
 # ------------------------------------------------------------------------------ user errors
@@ -66,6 +77,104 @@ def user_error(e: BaseException) -> Optional[str]:
     if isinstance(e, UserError) or isinstance(e, PATH_ERRORS) or (isinstance(e, ValueError) and _raised_here(e)):
         return " ".join(_message(e).split())
     return None
+
+
+# ---------------------------------------------------------------------------- output folders
+def check_out(flag: str, path, kind: str = "dir") -> Path:
+    """``path`` (what ``flag`` names: a folder to write into, or with ``kind="file"`` a file) when it
+    can be written, else a :class:`UserError` naming the flag and the path: it is a file (a
+    folder), it lies under a file, or the folder it would be written in is not writable.
+    Creates nothing: every entry point calls it on its output flags before any compute."""
+    p = Path(path)
+    where = f"{flag} {path}"
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise UserError(f"{where}: is a file, not a directory")
+    if kind == "file" and p.is_dir():
+        raise UserError(f"{where}: is a directory, not a file")
+    full = p.absolute()
+    existing = next(q for q in (full, *full.parents) if q.exists())
+    if existing != full and not existing.is_dir():
+        raise UserError(f"{where}: {existing} is a file, not a directory")
+    target = existing if existing.is_dir() or existing == full else existing.parent
+    if not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
+        raise UserError(f"{where}: {target} is not writable (permission denied or a read-only file system)")
+    return p
+
+
+@contextlib.contextmanager
+def writing_to(flag: str, path) -> Iterator[Path]:
+    """Write into the folder ``flag`` names for the ``with`` block: :func:`check_out`, create it,
+    hold its lock (another run holding it: a :class:`UserError` naming the flag and that run's pid
+    and start time), and remove the temp files and unheld lock files killed runs left there
+    (:func:`dlm.io.remove_leftover_temps`, :func:`dlm.locks.remove_stale_locks`). When the block
+    raises and the folder was created here and still holds no file, it is removed again."""
+    p = check_out(flag, path)
+    top = None  # the outermost folder this call creates
+    for q in (p.absolute(), *p.absolute().parents):
+        if q.exists():
+            break
+        top = q
+    p.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            lock = results_lock(p)
+            lock.__enter__()
+        except ResultsLockedError as e:
+            raise UserError(f"{flag} {path}: {e}") from None
+        try:
+            removed = remove_leftover_temps(p) + remove_stale_locks(p)
+            if removed:
+                print(f"{path}: removed what an interrupted run left: {', '.join(removed)}", file=sys.stderr)
+            yield p
+        finally:
+            lock.__exit__(None, None, None)
+    except BaseException:
+        if top is not None and not any(files for _, _, files in os.walk(top)):
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+# ------------------------------------------------------------------------- messages in flags
+def flags_of(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Each dest of ``p`` and the flag that sets it: ``{"warmup": "--warmup", "gen_length": "--gen-length"}``."""
+    return {a.dest: max(a.option_strings, key=len) for a in p._actions if a.option_strings}
+
+
+#: a field a message names: ``Owner.field`` or ``field`` followed by ``=value``, `` must`` or `` (an option``
+_FIELD = re.compile(r"\b(?:[A-Z]\w*\.)?(\w+)(?:(=)|(?=\s+(?:must\b|\(an option)))")
+
+
+def in_flags(message: str, names: dict[str, str]) -> str:
+    """``message`` with every field of ``names`` (field -> flag) it names written as that flag:
+    ``TrainConfig.warmup_steps=60 > max_steps=10`` -> ``--warmup 60 > --steps 10``."""
+    def flag(m: re.Match) -> str:
+        name = names.get(m.group(1))
+        return m.group(0) if name is None else name + (" " if m.group(2) else "")
+
+    return _FIELD.sub(flag, message)
+
+
+#: TrainConfig fields set by a flag of another name; every other field by the flag of its own name
+TRAIN_FLAG_DESTS = {"out_dir": "out", "max_steps": "steps", "warmup_steps": "warmup", "ema_decay": "ema"}
+
+
+def train_config(p: argparse.ArgumentParser, args: argparse.Namespace, **fixed):
+    """The run's :class:`dlm.train.TrainConfig`: each field from the flag that sets it (``--steps``
+    -> ``max_steps``, :data:`TRAIN_FLAG_DESTS`; else the flag of the field's name), the others
+    from ``fixed``. An invalid value is a :class:`UserError` naming the flags, not the fields
+    (``--warmup 60 > --steps 10``)."""
+    from dlm.train import TrainConfig
+
+    flags, given = flags_of(p), vars(args)
+    values, names = {}, {}
+    for f in dataclasses.fields(TrainConfig):
+        dest = TRAIN_FLAG_DESTS.get(f.name, f.name)
+        if f.name not in fixed and dest in given and dest in flags:
+            values[f.name], names[f.name] = given[dest], flags[dest]
+    try:
+        return TrainConfig(**values, **fixed)
+    except (TypeError, ValueError) as e:
+        raise UserError(in_flags(str(e), names)) from None
 
 
 def _command(module: str) -> str:

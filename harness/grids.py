@@ -12,6 +12,7 @@ joins them by itself.
 from __future__ import annotations
 
 import itertools
+import re
 import textwrap
 from typing import Optional, Sequence
 
@@ -157,17 +158,41 @@ def listing(width: int = 78) -> str:
 
 
 def resolve(names: Sequence[str], **numbers) -> list[Sampler]:
-    """Sampler or grid names -> samplers built from ``numbers`` (grid order, duplicates dropped)."""
+    """Sampler or grid names -> samplers built from ``numbers`` (grid order, duplicates dropped).
+    Only the grids that hold a requested name are built, and a value a requested sampler cannot
+    take is a ValueError naming that sampler or grid: ``strategies baseline_semiar: gen_length=100
+    must be divisible by block_length=32`` (never another sampler of its grid)."""
     if isinstance(names, str) or not names:
         raise ValueError("strategies must be a non-empty list of sampler or grid names")
-    every = {s.name: s for grid in GRIDS.values() for s in grid(**numbers)}
+    built: dict[str, object] = {}  # grid -> its samplers, or the error building them
+
+    def grid(g: str):
+        if g not in built:
+            try:
+                built[g] = {s.name: s for s in GRIDS[g](**numbers)}
+            except (TypeError, ValueError) as e:
+                built[g] = e
+        return built[g]
+
     out: dict[str, Sampler] = {}
     for name in names:
         if name in GRIDS:
-            out.update((s.name, s) for s in GRIDS[name](**numbers))
-        elif name in every:
-            out[name] = every[name]
+            got = grid(name)
+            if isinstance(got, Exception):
+                raise ValueError(f"strategies {name}: {got}") from None
+            out.update(got)
+            continue
+        errors = []
+        for g in GRIDS:
+            got = grid(g)
+            if isinstance(got, Exception):
+                errors.append(got)
+            elif name in got:
+                out[name] = got[name]
+                break
         else:
+            if errors and name in sampler_names():  # its grid refuses these numbers: say so for the name asked
+                raise ValueError(f"strategies {name}: {re.sub(r'^sampler [^ ]+: ', '', str(errors[0]))}") from None
             raise ValueError(f"strategies: unknown name {name!r}; grids: {sorted(GRIDS)} (every name: "
                              "python -m experiments.eval.gsm8k --list-strategies)")
     return list(out.values())

@@ -7,6 +7,7 @@ data, model(s), generation length and shots from the run's config."""
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 from typing import Sequence
@@ -203,7 +204,7 @@ def plot_pareto(rows: Sequence, path: Path, meta: dict) -> None:
 
     drawn = draw_pareto(rows, meta)
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")  # a killed run's: dlm.io.leftover_temps
     described = json.dumps({k: meta[k] for k in ("run_git_shas", "config_hashes")})
     drawn["fig"].savefig(tmp, dpi=DPI, metadata={"Description": described})
     plt.close(drawn["fig"])

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from tasks.evaluate import decode_until_stop  # noqa: F401  (re-exported)
-from harness.locks import (ResultsLockedError, acquire_lock, lock_file_of, release_lock,  # noqa: F401
-                               results_lock)  # re-exported: callers import them from here
+from dlm.locks import (ResultsLockedError, acquire_lock, lock_file_of, release_lock,  # noqa: F401
+                       results_lock)  # re-exported: callers import them from here
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from bd3lm import BD3LM
 from dlm.checkpoints import weights_fingerprint
 from tasks import fewshot_examples, generate_problems
 from tasks.evaluate import wilson_ci
-from harness.cli import set_threads
+from harness.cli import check_out, run_main, set_threads
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
 from harness.evaluate import evaluate
@@ -137,6 +137,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="results/bd3lm_blocks")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
+    check_out("--out", args.out)
     for m in args.models:
         if not Path(m).is_dir():
             raise ValueError(f"--models: {m!r} is not a checkpoint directory")
@@ -146,4 +147,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

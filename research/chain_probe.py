@@ -36,7 +36,7 @@ from dlm.io import stable_json
 from dlm.checkpoints import load_model
 from tasks import DEFAULT_TEMPLATE, generate_problems
 from tasks.sft_data import encode_prompt
-from harness.cli import set_threads
+from harness.cli import check_out, run_main, set_threads
 from harness.results import arith_config_of, atomic_write_text, git_sha, repo_relative
 from research.testbed import DEFAULT_MODEL
 
@@ -116,6 +116,8 @@ def main(argv=None) -> dict:
                    help="torch CPU threads (default: OMP_NUM_THREADS if set, else the free cores)")
     p.add_argument("--out", default=None, help="write the result as JSON here (atomically)")
     args = p.parse_args(argv)
+    if args.out:
+        check_out("--out", args.out, kind="file")
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
     set_threads(args.threads)
@@ -139,4 +141,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

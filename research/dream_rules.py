@@ -23,7 +23,7 @@ from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from tasks import generate_problems
 from tasks.evaluate import wilson_ci
-from harness.cli import markdown_table, set_threads
+from harness.cli import check_out, markdown_table, run_main, set_threads
 from harness.results import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl, repo_relative,
                                 sample_shas)
 from harness.evaluate import evaluate
@@ -105,6 +105,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
+    check_out("--out", args.out)
     if args.report_only:
         report(Path(args.out))
     else:
@@ -112,4 +113,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -34,7 +34,7 @@ from tasks import (extract_strict, fewshot_examples, generate_problems, parse_ch
                        reasoning_lines)
 from tasks.evaluate import mcnemar_exact, wilson_ci
 from tasks.sft_data import encode_answer
-from harness.cli import set_threads
+from harness.cli import check_out, run_main, set_threads
 from harness.results import (JsonlLog, arith_config_of, atomic_write_text, config_hash, read_jsonl,
                                 repo_relative, sample_shas)
 from harness.evaluate import evaluate
@@ -320,8 +320,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="results/testbed")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
+    check_out("--out", args.out)
     report(args) if args.report_only else run(args)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -186,9 +186,15 @@ def _problems_from_rows(rows: list[dict], split: str, source: str) -> list[Probl
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file; a line that is not UTF-8 or not JSON: ValueError ``<path>:<line>: ...``."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                 f"{exc.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -196,6 +202,23 @@ def _read_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
     return rows
+
+
+def _load_hub(config: str, split: str) -> list[dict]:
+    """The rows of ``openai/gsm8k`` from the Hugging Face Hub (or its local cache); any failure
+    (offline, no ``datasets``) is one ValueError that names the source and the local alternative."""
+    source = f"openai/gsm8k[{config}/{split}]"
+    local = "pass a local JSONL instead, e.g. --data ../shared/data/gsm8k/test.jsonl"
+    try:
+        import datasets  # noqa: PLC0415 - optional dependency, imported lazily
+    except ImportError:
+        raise ValueError(f"{source} needs the 'datasets' package (pip install datasets); or {local}") from None
+    try:
+        return [dict(row) for row in datasets.load_dataset("openai/gsm8k", config, split=split)]
+    except Exception as exc:  # noqa: BLE001 - network, cache and hub errors of a third-party loader
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"{source}: cannot load it from the Hugging Face Hub or its cache "
+                         f"({type(exc).__name__}: {reason}); offline? {local}") from exc
 
 
 def load_gsm8k(path_or_name: str | Path = "openai/gsm8k", split: str = "test", config: str = "main") -> list[Problem]:
@@ -216,23 +239,15 @@ def load_gsm8k(path_or_name: str | Path = "openai/gsm8k", split: str = "test", c
 
     Raises:
         FileNotFoundError: if a local path does not exist.
-        ImportError: if the Hub form is requested without ``datasets`` installed.
-        ValueError: for malformed records or an empty ``split``.
+        ValueError: for malformed records (naming the file and line: bad UTF-8, bad JSON), an empty
+            ``split``, or a Hub form that cannot be loaded (offline, no ``datasets``).
     """
     if not isinstance(split, str) or not split:
         raise ValueError(f"split must be a non-empty str, got {split!r}")
     if not isinstance(path_or_name, (str, Path)):
         raise TypeError(f"path_or_name must be a str or Path, got {type(path_or_name).__name__}")
     if isinstance(path_or_name, str) and path_or_name in GSM8K_NAMES and not Path(path_or_name).exists():
-        try:
-            import datasets  # noqa: PLC0415 - optional dependency, imported lazily
-        except ImportError as exc:
-            raise ImportError(
-                "load_gsm8k('openai/gsm8k') needs the 'datasets' package (pip install datasets); "
-                "alternatively pass a local JSONL path such as shared/data/gsm8k/test.jsonl"
-            ) from exc
-        rows = [dict(row) for row in datasets.load_dataset("openai/gsm8k", config, split=split)]
-        return _problems_from_rows(rows, split, f"openai/gsm8k[{config}/{split}]")
+        return _problems_from_rows(_load_hub(config, split), split, f"openai/gsm8k[{config}/{split}]")
     path = Path(path_or_name)
     if path.is_dir():
         path = path / f"{split}.jsonl"

@@ -72,8 +72,9 @@ def test_bad_args_raise_value_error_naming_the_flag(ckpt, tmp_path):
     cases = [(["--limit", "0"], "--limit"), (["--batch-size", "0"], "--batch-size"),
              (["--num-fewshot", "-1"], "--num-fewshot"), (["--strategies", "nope"], "strategies"),
              (["--baseline", "nope"], "--baseline"), (["--data", str(tmp_path / "missing.jsonl")], "--data"),
-             (["--gen-length", "30", "--block-length", "8"], "gen_length"), (["--threshold", "1.5"], "threshold"),
-             (["--factor", "0"], "factor"), (["--gen-length", "0"], "gen_length"),
+             (["--gen-length", "30", "--block-length", "8"], "--gen-length 30 must be divisible by --block-length 8"),
+             (["--threshold", "1.5"], "--threshold"), (["--factor", "0"], "--factor"),
+             (["--gen-length", "0"], "--gen-length must be >= 1"),
              (["--bd3-model", str(tmp_path / "none")], "--bd3-model"), (["--threads", "0"], "--threads")]
     for extra, name in cases:
         with pytest.raises(ValueError, match=name):

@@ -38,7 +38,7 @@ from dlm.io import stable_json
 from dlm.model import Transformer
 from dlm.llada import generate as baseline_generate
 from dlm.compiled import compiled
-from harness.cli import (add_run_args, at_least, device_of, dtype_of, markdown_table, parser, reading,
+from harness.cli import (add_run_args, at_least, check_out, device_of, dtype_of, markdown_table, parser, reading,
                              run_main, set_threads)
 from harness.results import atomic_write_text, git_sha
 from harness.roofline import call_floor, kinds, machine
@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, metavar="DIR", help="write <out>/<name>.md and .json")
     p.add_argument("--name", default=None, help="report name (default: model or preset, gen lengths)")
     args = p.parse_args(argv)
+    if args.out:
+        check_out("--out", args.out)
     args.device = str(device_of(args.device))
     return args
 

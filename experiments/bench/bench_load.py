@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from dlm.io import stable_json
-from harness.cli import add_run_args, device_of, dtype_of, markdown_table, parser, run_main, set_threads
+from harness.cli import add_run_args, check_out, device_of, dtype_of, markdown_table, parser, run_main, set_threads
 from harness.results import REPO, atomic_write_text, git_sha
 from harness.roofline import call_floor, machine, sync
 from harness.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
@@ -184,6 +184,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(REPO / "results" / "bench_load"), metavar="DIR",
                    help="results dir (default results/bench_load)")
     a = p.parse_args(argv)
+    check_out("--out", a.out)
     if not a.skip_after > 0:
         raise ValueError(f"--skip-after must be > 0 seconds, got {a.skip_after}")
     if any(b < 1 for b in a.batches):

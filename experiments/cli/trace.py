@@ -27,7 +27,7 @@ import torch
 from dlm.spec import generate
 from dlm.trace import replay_lines, step_states, token_labels
 from harness.results import atomic_write_text
-from harness.cli import run_main
+from harness.cli import check_out, run_main
 from experiments.cli.generate import encode, parser, setup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,6 +131,8 @@ def main(argv=None) -> dict:
     p.add_argument("--replay-out", default=None, help="also write the replay (one line per step) to this file")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep between replayed steps")
     args = p.parse_args(argv)
+    if args.out:
+        check_out("--out", args.out, kind="file")
     if args.step_delay < 0:
         p.error(f"--step-delay must be >= 0, got {args.step_delay}")
     run = setup(p, args)

@@ -29,7 +29,7 @@ from dlm.sample import stop_ids
 from dlm.io import data_root
 from tasks import countdown, reversal, sudoku
 from tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
-from harness.cli import markdown_table, parser, run_main, set_threads
+from harness.cli import check_out, markdown_table, parser, run_main, set_threads
 from harness.results import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
 from dlm.spec import Sampler, generate
 
@@ -148,8 +148,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     p.add_argument("--report-only", action="store_true", help="rebuild table.md / .json from the JSONL")
     a = p.parse_args(argv)
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        raise ValueError(f"--out {a.out} is a file, not a results directory")
+    check_out("--out", a.out)
     if a.report_only:
         report(Path(a.out))
         return

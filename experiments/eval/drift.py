@@ -43,7 +43,7 @@ from dlm.commit import suppress_logits
 from dlm.validate import check_blocks
 from dlm import registry
 from dlm.spec import resolve_family
-from harness.cli import parser, reading, run_main
+from harness.cli import check_out, parser, reading, run_main
 from harness.results import REPO, arith_config_of, atomic_write_text, config_hash, git_sha
 
 
@@ -308,6 +308,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device (default cuda if available, else cpu)")
     args = p.parse_args(argv)
+    check_out("--out-dir", args.out_dir)
     if args.prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
     policies = {name: parse_refresh(name, args.cache) for name in args.refresh}

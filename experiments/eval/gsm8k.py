@@ -56,10 +56,10 @@ from tqdm import tqdm
 from dlm.io import stable_json
 from dlm import distributed
 from tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
-from harness.cli import (DTYPES, add_list_flag, device_of, dtype_of, parser, reading, run_main,
-                             set_threads)
+from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of, dtype_of, flags_of, in_flags,
+                         parser, reading, run_main, set_threads, writing_to)
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
-                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative, results_lock)
+                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
@@ -150,7 +150,8 @@ def _data_tag(data: str) -> str:
 
 def parse_config(argv=None) -> HarnessConfig:
     """Parse and validate the command line; bad values raise ValueError naming the flag."""
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     if a.batch_size < 1:
@@ -169,16 +170,14 @@ def parse_config(argv=None) -> HarnessConfig:
                    factor=a.factor, temperature=a.temperature, family=a.family)
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
-    except (TypeError, ValueError) as e:
-        flags = ("--strategies / --gen-length / --block-length / --steps / --threshold / --factor / --temperature / "
-                 "--family")
-        raise ValueError(f"{'--' if str(e).startswith('strategies: unknown') else flags + ': '}{e}") from None
+    except (TypeError, ValueError) as e:  # names the strategy asked for and the flags of its fields
+        flags = {k: f for k, f in flags_of(p).items() if k in numbers}
+        raise UserError("--" + in_flags(str(e), flags)) from None
     if a.baseline not in sampler_names():
         raise ValueError(f"--baseline must be a known strategy, got {a.baseline!r}")
-    if a.out is not None and Path(a.out).exists() and not Path(a.out).is_dir():
-        raise ValueError(f"--out {a.out} is a file, not a results directory")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(a.out) if a.out else REPO / "runs" / f"gsm8k_{_data_tag(a.data)}_{time.strftime('%Y%m%d-%H%M%S')}"
+    check_out("--out", out)
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
                          device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context)
@@ -320,9 +319,25 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         merge_logs(path, rank_log_paths(path))
 
 
+def read_config(path: Path) -> dict:
+    """The run's ``config.json`` ({} when absent); unreadable or not a JSON object: a
+    :class:`UserError` naming the file."""
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable JSON file ({e}); restore it, or delete it to have it "
+                        "rewritten from this run's strategies") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("strategies", {}), dict):
+        raise UserError(f"{path}: expected a JSON object with a 'strategies' object; restore it, or delete it "
+                        "to have it rewritten from this run's strategies")
+    return meta
+
+
 def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
     path = cfg.out / "config.json"
-    prev = json.loads(path.read_text()) if path.is_file() else {}
+    prev = read_config(path)
     strategies = dict(prev.get("strategies", {}))
     for j in jobs:
         strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config,
@@ -338,13 +353,12 @@ def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> l
     """Run every strategy of ``cfg`` (resumable) and rebuild the report; returns the strategies run.
 
     ``clock`` times the sampler calls (tests pass a fake clock for reproducible tables). The main
-    process holds the lock of ``--out`` for the whole run (:func:`harness.results.results_lock`):
-    a second run into the same folder fails at once, naming this one's pid."""
+    process holds the lock of ``--out`` for the whole run (:func:`harness.cli.writing_to`): a
+    second run into the same folder fails at once, naming this one's pid; a run that fails before
+    writing anything leaves no ``--out`` it created."""
     info = distributed.init()
-    try:
-        if info.is_main:
-            cfg.out.mkdir(parents=True, exist_ok=True)
-        with results_lock(cfg.out) if info.is_main else contextlib.nullcontext():
+    try:  # the main process creates --out, holds its lock, cleans what killed runs left there
+        with writing_to("--out", cfg.out) if info.is_main else contextlib.nullcontext():
             return _run(cfg, info, clock)
     finally:
         distributed.cleanup()

@@ -59,7 +59,7 @@ import torch
 
 from bd3lm.schedules import check_grid
 from dlm import distributed
-from harness.cli import parser, run_main
+from harness.cli import check_out, parser, run_main
 from harness.results import REPO
 from experiments.perplexity.config import (CUTS, DEFAULT_MODELS, PRESETS, RunConfig, model_block, name_source,
                                            name_tokenizer)
@@ -208,8 +208,8 @@ def parse_config(argv=None) -> RunConfig:
     seeds = tuple(a.seeds) if a.seeds is not None else (() if a.seed is not None else tuple(base.get("seeds", ())))
     if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds must be distinct ints >= 0, got {list(seeds)}")
-    out = Path(a.out) if a.out else REPO / "results"
-    work = Path(a.work) if a.work else REPO / "runs" / f"perplexity-{run}"
+    out = check_out("--out", a.out or REPO / "results")
+    work = check_out("--work", a.work or REPO / "runs" / f"perplexity-{run}")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return RunConfig(a.preset, run, a.command, tuple(a.models), tuple(a.var_models), data, arch, tspec, espec,
                      str(out), str(work), device, a.threads, seeds)

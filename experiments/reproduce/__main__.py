@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dlm.io import stable_json
-from harness.cli import parser, run_main
+from dlm.io import stable_json, write_dir
+from harness.cli import parser, run_main, writing_to
 from harness.results import REPO, git_sha, read_jsonl
 from harness.results import write_if_changed
 from experiments.reproduce.plan import Job, plan
@@ -75,13 +75,9 @@ def is_done(job: Job, out: Path) -> bool:
 
 
 def export(job: Job) -> None:
-    """Copy a training job's model dir into ``checkpoints/`` (temp dir, then rename)."""
+    """Copy a training job's model dir into ``checkpoints/`` (:func:`dlm.io.write_dir`: a temp dir, then renames)."""
     src, dst = (REPO / p for p in job.export)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(tmp, dst)
+    write_dir(dst, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
 def _die_with_parent() -> None:
@@ -333,8 +329,6 @@ def summary(res: dict[str, Outcome], wall: float, logs: Path, rerun: Optional[st
 def check_args(a, out: Path, names: list[str]) -> None:
     if a.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {a.jobs}")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a results directory")
     in_place = out.resolve() == RESULTS.resolve()
     if a.limit is not None and (a.limit < 1 or in_place):
         raise ValueError(f"--limit {a.limit}: needs N >= 1 and an --out other than results/ "
@@ -367,6 +361,14 @@ def main(argv=None) -> int:
     if a.list:
         print(listing(jobs))
         return 0
+    # one reproduction per folder: a second one into the same --out or --work is refused here,
+    # naming the first one's pid and start time, before it starts a job or opens a log
+    with writing_to("--out", out), writing_to("--work", work):
+        return reproduce(a, p, jobs, out, work, argv)
+
+
+def reproduce(a, p: argparse.ArgumentParser, jobs: list[Job], out: Path, work: Path, argv) -> int:
+    """Run the jobs the flags ``a`` select, then write the index, timings and check; 1 when one failed."""
     selected = [j for j in jobs if j.name in a.only] if a.only else [j for j in jobs if a.full or not j.training]
     in_place = out.resolve() == RESULTS.resolve()
     sha = git_sha()  # before any job writes: the commit (and code state) that produces the results

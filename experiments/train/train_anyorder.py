@@ -30,7 +30,8 @@ from tasks import countdown, reversal, sudoku
 from tasks.pairs import PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from harness.cli import add_shape_args, add_train_args, parser, reading, run_main, set_threads
+from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
+                         writing_to)
 from experiments.train.train_llada import build_model
 
 TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal}
@@ -64,9 +65,14 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     args = p.parse_args(argv)
     set_threads(args.threads)
-    cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0, ema_decay=0.0,
-                      eval_every=0, save_every=args.save_every, log_every=10, seed=args.seed)
+    cfg = train_config(p, args, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0, ema_decay=0.0, eval_every=0,
+                       log_every=10)
+    with writing_to("--out", args.out):  # one run per --out, refused before anything is built
+        run(args, cfg)
+
+
+def run(args, cfg: TrainConfig) -> None:
+    """Train as the parsed flags ``args`` say, into ``cfg.out_dir``."""
     recipe = flag_recipe({**vars(args), "out": os.path.normpath(args.out),
                           "init": args.init and os.path.normpath(args.init)}, RESUMABLE_FLAGS + ("threads",))
     check_resume(cfg, recipe)

@@ -39,7 +39,7 @@ from dlm.checkpoints import load_model
 from tasks import fewshot_examples, generate_problems
 from tasks.sft_data import SFTBatches, SFTDataConfig
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from harness.cli import add_train_args, at_least, parser, reading, run_main, set_threads
+from harness.cli import add_train_args, at_least, parser, reading, run_main, set_threads, train_config, writing_to
 from harness.evaluate import score
 from dlm.spec import Sampler
 from harness.results import arith_config_of
@@ -75,10 +75,14 @@ def main(argv=None) -> None:
     if args.response_length % args.block_size:
         raise ValueError(f"--response-length {args.response_length} must be a multiple of --block-size")
     out = args.out or f"runs/bd3lm-arith-{args.block_size}"
-    cfg = TrainConfig(out_dir=out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
-                      ema_decay=args.ema, eval_every=args.eval_every, save_every=50, log_every=10,
-                      seed=args.seed, precision=args.precision)
+    cfg = train_config(p, args, out_dir=out, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, save_every=50,
+                       log_every=10)
+    with writing_to("--out", out):  # one run per --out, refused before the model is loaded
+        run(args, cfg)
+
+
+def run(args, cfg: TrainConfig) -> None:
+    """Fine-tune as the parsed flags ``args`` say, into ``cfg.out_dir``."""
     recipe = flag_recipe({**vars(args), "init": os.path.normpath(args.init)}, RESUMABLE_FLAGS)
     recipe_changes = check_resume(cfg, recipe, force_recipe=args.force_recipe)  # before anything is built
 

@@ -48,7 +48,8 @@ from tasks import COT_STYLES, ArithConfig, generate_problems
 from tasks.sft_data import SFTBatches, SFTDataConfig
 from tasks.tokenizer import build_tokenizer
 from dlm.train import TrainConfig, check_resume, flag_recipe, train
-from harness.cli import add_shape_args, add_train_args, at_least, parser, reading, run_main, set_threads
+from harness.cli import (add_shape_args, add_train_args, at_least, parser, reading, run_main, set_threads,
+                         train_config, writing_to)
 from harness.evaluate import score
 from dlm.spec import Sampler
 
@@ -117,10 +118,13 @@ def main(argv=None) -> None:
     p.add_argument("--force-recipe", action="store_true", help="resume though recipe flags changed (recorded)")
     args = p.parse_args(argv)
     set_threads(None)
-    cfg = TrainConfig(out_dir=args.out, max_steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      warmup_steps=args.warmup, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0,
-                      ema_decay=args.ema, eval_every=args.eval_every, save_every=args.save_every,
-                      log_every=10, seed=args.seed, precision=args.precision)
+    cfg = train_config(p, args, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0, log_every=10)
+    with writing_to("--out", args.out):  # one run per --out, refused before anything is built
+        run(args, cfg)
+
+
+def run(args, cfg: TrainConfig) -> None:
+    """Train as the parsed flags ``args`` say, into ``cfg.out_dir``."""
     recipe = flag_recipe({**vars(args), "init": args.init and os.path.normpath(args.init)}, RESUMABLE_FLAGS)
     recipe_changes = check_resume(cfg, recipe, force_recipe=args.force_recipe)  # before anything is built
 

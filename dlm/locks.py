@@ -2,7 +2,9 @@
 
 A lock file beside the locked path records the holder (pid, host, start time); the kernel
 releases a flock when its process dies, so a lock left by a killed run is taken over (with a
-note). A second writer fails at once with :class:`ResultsLockedError` naming the holder.
+note), and :func:`remove_stale_locks` removes the ones no process holds. A second writer fails at
+once with :class:`ResultsLockedError` naming the holder. The harness locks its results folders
+and files, :func:`dlm.train.train` its run folder: one implementation, here in the core.
 """
 
 from __future__ import annotations
@@ -170,3 +172,35 @@ def results_lock(path, wait: float = 0.0) -> Iterator[Path]:
         yield Path(key[1])
     finally:
         release_lock(key)
+
+
+def remove_stale_locks(directory) -> list[str]:
+    """Remove the lock files in ``directory`` (``*.lock``, ``.lock``) that no process holds: left
+    by a killed run (e.g. ``<strategy>.rank0.jsonl.lock`` of a killed torchrun). A held one (by
+    another process, or by this one) stays. Returns the names removed ([] when ``directory`` does
+    not exist)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".lock"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in names:
+        lock = Path(directory) / name
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a holder's flock (ours too) refuses this
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:  # whoever opens it next finds it replaced and retries (_try_flock)
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                os.unlink(lock)
+                removed.append(name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
