@@ -25,16 +25,12 @@ learned positions, and BD3-LM stops at the first EOS block, so only a row that d
 reads positions past its training). ``--sort-prompts`` batches prompts of similar length
 (longest first): less padding; each record keeps its batch's padded width.
 
-Outputs under --out (default: a new folder ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one line per sample (id, strategy, config hash,
-prompt length, output, extracted answer, target, correct, nfe, positions computed, tokens until
-EOS, seconds, seed, ...) appended batch by batch; a rerun skips the ids already written (a
-different config for the same strategy and --out is refused). Multi-process runs write
-``<strategy>.rank{r}.jsonl`` and rank 0 merges them. ``config.json`` (git SHA + every
-strategy's config), then the report of harness/report.py: table.md / table.csv /
-table.json, pareto.png, ablation.md / ablation.csv.
-
-Throughput = generated tokens up to and including the first EOS / wall-clock seconds of the
-sampler calls (each batch's time divided among its rows), the same for every strategy.
+Outputs under --out (default ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one
+record per sample (fields: :mod:`harness.records`), appended batch by batch; a rerun skips the ids
+written (another config for the same strategy is refused); ranks write ``<strategy>.rank{r}.jsonl``,
+merged by rank 0. Then ``config.json`` (git SHA, every strategy's config) and harness/report.py's
+tables, Pareto plot and ablation. Throughput = tokens up to and including the first EOS / seconds
+of the sampler calls (a batch's time divided among its rows), the same for every strategy.
 """
 
 from __future__ import annotations
@@ -59,7 +55,7 @@ from tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, samp
 from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of, dtype_of, flags_of, in_flags,
                          parser, reading, run_main, set_threads, writing_to)
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
-                                git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
+                             git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
@@ -352,10 +348,8 @@ def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
 def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> list[str]:
     """Run every strategy of ``cfg`` (resumable) and rebuild the report; returns the strategies run.
 
-    ``clock`` times the sampler calls (tests pass a fake clock for reproducible tables). The main
-    process holds the lock of ``--out`` for the whole run (:func:`harness.cli.writing_to`): a
-    second run into the same folder fails at once, naming this one's pid; a run that fails before
-    writing anything leaves no ``--out`` it created."""
+    ``clock`` times the sampler calls (tests pass a fake clock). The main process holds ``--out``'s
+    lock for the whole run (:func:`harness.cli.writing_to`)."""
     info = distributed.init()
     try:  # the main process creates --out, holds its lock, cleans what killed runs left there
         with writing_to("--out", cfg.out) if info.is_main else contextlib.nullcontext():
@@ -370,8 +364,8 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
     if info.enabled and device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
     problems, shots = load_problems(cfg), load_shots(cfg)
-    check_shots_unseen(shots, problems, cfg.data if cfg.data in ("arith", "gsm8k") else Path(cfg.data).with_name(
-        "train.jsonl"))
+    local = cfg.data not in ("arith", "gsm8k")
+    check_shots_unseen(shots, problems, Path(cfg.data).parent / "train.jsonl" if local else cfg.data)
     strategies = list(cfg.strategies)
     if cfg.bd3_model is None and any(is_bd3(s) for s in strategies):
         if info.is_main:
