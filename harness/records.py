@@ -141,6 +141,9 @@ def check_records(path, numbered: Iterable[tuple[int, dict]], expected: Expected
                              "line, or delete it and rerun to recompute that sample")
 
 
+FIX_CONFIG = "restore it, or delete it to have it rewritten from this run's strategies"
+
+
 def run_config(folder) -> dict:
     """``<folder>/config.json`` of a harness run ({} when absent); ValueError naming it when unreadable."""
     path = Path(folder) / "config.json"
@@ -148,10 +151,10 @@ def run_config(folder) -> dict:
         return {}
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ValueError(f"{path}: not a readable JSON file ({e}); {FIX_CONFIG}") from None
     if not isinstance(cfg, dict) or not isinstance(cfg.get("strategies", {}), dict):
-        raise ValueError(f"{path}: expected an object with a 'strategies' object")  # noqa: TRY004 (a user error)
+        raise ValueError(f"{path}: expected a JSON object with a 'strategies' object; {FIX_CONFIG}")  # noqa: TRY004
     return cfg
 
 

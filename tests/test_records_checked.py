@@ -132,7 +132,7 @@ def test_bounds_come_from_config_json_only_for_its_own_strategy(tmp_path):
     assert expected_of(out / "baseline_semiar.rank1.jsonl").gen_length == 32  # a rank log of the strategy
     assert expected_of(out / "other.jsonl") == Expected()  # not in config.json: the record's own bounds only
     (out / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"config.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"config.json: not a readable JSON file .*delete it"):
         expected_of(out / "baseline_semiar.jsonl")
 
 

@@ -57,6 +57,7 @@ from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of,
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                              git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
+from harness.records import run_config
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
 from dlm.spec import Sampler, resolve_family
@@ -315,25 +316,9 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         merge_logs(path, rank_log_paths(path))
 
 
-def read_config(path: Path) -> dict:
-    """The run's ``config.json`` ({} when absent); unreadable or not a JSON object: a
-    :class:`UserError` naming the file."""
-    if not path.exists():
-        return {}
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not a readable JSON file ({e}); restore it, or delete it to have it "
-                        "rewritten from this run's strategies") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("strategies", {}), dict):
-        raise UserError(f"{path}: expected a JSON object with a 'strategies' object; restore it, or delete it "
-                        "to have it rewritten from this run's strategies")
-    return meta
-
-
 def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
     path = cfg.out / "config.json"
-    prev = read_config(path)
+    prev = run_config(cfg.out)
     strategies = dict(prev.get("strategies", {}))
     for j in jobs:
         strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config,
