@@ -218,7 +218,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn_mask, backend, cache, i, start, last_rows if i == last else None)
         x = self.norm(x)  # (B, W, d)
-        if self.config.shift_logits:
+        if self.config.shift_logits and x.shape[1] > 1:  # (a one-column window is its own shift)
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
         return x
 
