@@ -29,7 +29,7 @@ from dlm.ar_decode import ar_decode
 from dlm.io import stable_json
 from dlm.spec import Sampler, generate
 from experiments.bench.bench_load import models_for
-from experiments.bench.ratios import fmt, interleaved, load_average, ratio
+from experiments.bench.ratios import clock_name, fmt, interleaved, load_average, ratio
 from harness.cli import (
     add_run_args,
     at_least,
@@ -102,7 +102,7 @@ def bench(shape: str, batches, gen: int, repeats: int, device, dtype) -> dict:
         print(json.dumps({k: row[k] for k in ("batch", "seconds", "load_before")}
                          | {k: fmt(v) for k, v in row["ratios"].items()}), flush=True)
     return {"shape": shape, "gen_length": gen, "repeats": repeats, "device": str(device), "dtype": str(dtype),
-            "threads": torch.get_num_threads(), "rows": rows, "git_sha": git_sha()}
+            "threads": torch.get_num_threads(), "clock": clock_name(device), "rows": rows, "git_sha": git_sha()}
 
 
 def report(res: dict, out: Path) -> None:
@@ -111,7 +111,7 @@ def report(res: dict, out: Path) -> None:
               f"{r['seconds']['matmuls']:.3f}", *(fmt(r["ratios"][f"{a}/{b}"]) for a, b in RATIOS),
               " ".join(map(str, r["load_before"]))] for r in res["rows"]]
     md = [f"# Lean AR decoding against its matmuls: {res['shape']} shape, gen {res['gen_length']}", "",
-          (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds; git "
+          (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds ({res['clock']}); git "
            f"{res['git_sha']}. Seconds: medians; ratios: median of the per-round ratios [95% bootstrap interval]."),
           "",
           *markdown_table(["batch", "prompt", "lean s", "loop s", "matmuls s", *(f"{a} / {b}" for a, b in RATIOS),

@@ -1,6 +1,9 @@
 """Timing ratios on a shared machine: every function of a comparison timed in the same run, in
 interleaved rounds (the order rotated each round, so a burst of load falls on all of them), and
-each ratio reported as the median of its per-round ratios with a bootstrap confidence interval."""
+each ratio reported as the median of its per-round ratios with a bootstrap confidence interval.
+
+On the CPU with one torch thread the clock is the thread's CPU time (:func:`clock_name`): all the
+work runs on the calling thread, and the time other jobs hold the core is not counted."""
 
 from __future__ import annotations
 
@@ -14,11 +17,17 @@ import torch
 from harness.roofline import sync
 
 
+def clock_name(device: torch.device) -> str:
+    """``thread_time`` (CPU time of this thread) on the CPU with one torch thread, else ``perf_counter``."""
+    return "thread_time" if device.type == "cpu" and torch.get_num_threads() == 1 else "perf_counter"
+
+
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, list[float]]:
-    """name -> ``repeats`` wall times: one warm-up call of each, then ``repeats`` rounds timing
-    every function once, the order rotated by one each round."""
+    """name -> ``repeats`` times (:func:`clock_name`'s clock): one warm-up call of each, then
+    ``repeats`` rounds timing every function once, the order rotated by one each round."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    clock = getattr(time, clock_name(device))
     names = list(fns)
     for name in names:
         fns[name]()
@@ -26,10 +35,10 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torc
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[name]()
             sync(device)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return times
 
 
