@@ -101,25 +101,33 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(x.device.type):
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # the same ops below, one call
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.to(x.dtype) * self.weight
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin tables for explicit positions (B, T) -> (B, 1, T, D) each, in float32/float64."""
+    """cos and signed sin tables for explicit positions (B, T) -> (B, 1, T, D) each, in
+    float32/float64: ``cos(f)`` and ``[-sin(f), sin(f)]`` over the two halves (the rotation's sign
+    folded into the table, :func:`apply_rope`)."""
     work = torch.float64 if dtype == torch.float64 else torch.float32
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=work) / head_dim))
     freqs = positions.to(work)[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, D)
-    return emb.cos(), emb.sin()
+    sin = emb.sin()
+    sin[..., : head_dim // 2].neg_()
+    return emb.cos(), sin
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate-half RoPE (GPT-NeoX / LLaMA / LLaDA / Qwen2 convention). x: (B, H, T, D)."""
+    """Rotate-half RoPE (GPT-NeoX / LLaMA / LLaDA / Qwen2 convention), x: (B, H, T, D), with the
+    tables of :func:`rope_cos_sin`: ``x cos + [-x2, x1] sin`` computed as ``x cos + [x2, x1] sin'``
+    with ``sin' = [-sin, sin]`` (a sign flip is exact: the same bits, one operation fewer)."""
     xf = x.to(cos.dtype)
     x1, x2 = xf.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
+    rotated = torch.cat([x2, x1], dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
@@ -141,14 +149,15 @@ class Attention(nn.Module):
         if rows is not None and isinstance(mask, Tensor) and mask.dim() >= 2 and mask.shape[-2] == T:
             mask = mask[..., rows, :]  # (..., T', K)
         Tq = xq.shape[1]
-        q = self.q_proj(xq).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T', D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        qp, kp, vp = self.q_proj, self.k_proj, self.v_proj  # F.linear: nn.Linear's forward without its call
+        q = F.linear(xq, qp.weight, qp.bias).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T', D)
+        k = F.linear(x, kp.weight, kp.bias).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = F.linear(x, vp.weight, vp.bias).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cq, sq), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.layer_kv(layer, k, v, start)  # (B, Hkv, K, D)
         out = attend(q, k, v, mask, backend)  # (B, Hq, T', D)
-        return self.o_proj(out.transpose(1, 2).reshape(B, Tq, -1))
+        return F.linear(out.transpose(1, 2).reshape(B, Tq, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -159,7 +168,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class Block(nn.Module):
@@ -218,7 +228,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn_mask, backend, cache, i, start, last_rows if i == last else None)
         x = self.norm(x)  # (B, W, d)
-        if self.config.shift_logits:
+        if self.config.shift_logits and x.shape[1] > 1:  # (a one-column window is its own shift)
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # logit i from hidden i-1
         return x
 

@@ -52,26 +52,31 @@ def machine(device: torch.device, dtype: torch.dtype, n: int = 1024, mib: int = 
             "bandwidth": 2 * x.numel() * 4 / best_seconds(lambda: y.copy_(x), device)}
 
 
-@torch.no_grad()
-def matmul_seconds(model, rows: int, head_rows: int, reps: int = 3) -> float:
-    """Time of one forward's matmuls alone at its shape: every ``nn.Linear`` of the blocks, in
-    model order, on ``rows`` random input rows (batch x window columns), then the LM head on
-    ``head_rows`` rows; the model's own weights, best of ``reps``. Attention, norms, RoPE and the
-    sampler are left out: ``matmul_seconds / measured`` is the share of a forward the BLAS sets at
-    this shape."""
+def matmul_call(model, rows: int, head_rows: int):
+    """A function running one forward's matmuls alone at its shape: every ``nn.Linear`` of the
+    blocks, in model order, on ``rows`` random input rows (batch x window columns), then the LM
+    head on ``head_rows`` rows (none for 0), with the model's own weights."""
     weights = [m.weight for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
     head = model.head_weight()
     dev, dtype = head.device, head.dtype
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], device=dev, dtype=dtype) for w in weights}
     h = torch.randn(head_rows, head.shape[1], device=dev, dtype=dtype)
 
+    @torch.no_grad()
     def forward_matmuls() -> None:
         for w in weights:
             F.linear(inputs[w.shape[1]], w)
         if head_rows:
             F.linear(h, head)
 
-    return best_seconds(forward_matmuls, dev, reps)
+    return forward_matmuls
+
+
+def matmul_seconds(model, rows: int, head_rows: int, reps: int = 3) -> float:
+    """Time of one forward's matmuls alone at its shape (:func:`matmul_call`), best of ``reps``.
+    Attention, norms, RoPE and the sampler are left out: ``matmul_seconds / measured`` is the
+    share of a forward the BLAS sets at this shape."""
+    return best_seconds(matmul_call(model, rows, head_rows), model.head_weight().device, reps)
 
 
 def forward_bytes(model, batch: int, keys: int) -> int:

@@ -44,3 +44,14 @@ def test_skip_after_drops_a_slow_strategys_larger_batches(tmp_path):
     assert "Not run (a smaller batch took over 1e-09 s): baseline at batch 4." in (tmp_path / "tiny_g16.md").read_text()
     with pytest.raises(ValueError, match="--skip-after"):
         bench_load.main(["--shape", "tiny", "--skip-after", "0"])
+
+
+def test_the_ar_row_runs_the_lean_decoder(monkeypatch, tmp_path):
+    calls = []
+    real = bench_load.ar_decode
+    monkeypatch.setattr(bench_load, "ar_decode", lambda model, ids, mask, gen: calls.append((ids.shape[0], gen))
+                        or real(model, ids, mask, gen))
+    res = bench_load.main(["--shape", "tiny", "--batches", "2", "--gen-length", "16", "--block-length", "8",
+                           "--threads", "1", "--strategies", "ar", "--out", str(tmp_path)])
+    assert calls == [(1, 16), (2, 16)]  # the warm-up, then the timed call
+    assert [(r["strategy"], r["nfe"]) for r in res["rows"]] == [("ar", 16)]

@@ -1,6 +1,7 @@
 """Throughput under load: tokens/s and latency per sequence as the batch grows, for AR decoding
-with a KV cache, the LLaDA baseline, Fast-dLLM dual + threshold and BD3-LM's exact cache, next to
-a roofline prediction measured on the same machine.
+with a KV cache (the lean decoder :func:`dlm.ar_decode.ar_decode`), the LLaDA baseline, Fast-dLLM
+dual + threshold and BD3-LM's exact cache, next to a roofline prediction measured on the same
+machine.
 
     python -m experiments.bench.bench_load --shape embedded --batches 1 8 32 64 --out results/bench_load
     python -m experiments.bench.bench_load --shape mid --batches 1 8 --gen-length 64
@@ -35,6 +36,7 @@ from harness.cli import add_run_args, check_out, device_of, dtype_of, markdown_t
 from harness.results import REPO, atomic_write_text, git_sha
 from harness.roofline import call_floor, machine, sync
 from harness.shapes import REAL, SHAPES as RANDOM, random_model, real_shape
+from dlm.ar_decode import ar_decode
 from dlm.spec import Sampler, generate
 
 STRATEGIES = ("ar", "baseline", "dual_threshold", "bd3lm")
@@ -52,6 +54,14 @@ def strategy(name: str, gen: int, block: int, random_weights: bool) -> Sampler:
         return Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=gen, block_length=block,
                           threshold=0.9)
     return Sampler.of("bd3lm", policy="exact", gen_length=gen, block_length=16, top_p=1.0)
+
+
+def decode(model, ids, mask, sampler: Sampler):
+    """One call of a strategy: AR through the lean decoder (the ar policy's tokens without the
+    diffusion loop), the others through :func:`dlm.spec.generate`."""
+    if sampler.policy == "ar":
+        return ar_decode(model, ids, mask, sampler.gen_length)
+    return generate(model, ids, mask, sampler)
 
 
 def models_for(shape: str, device, dtype) -> tuple[dict, object, list]:
@@ -97,10 +107,10 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
                 continue
             ids, mask = left_pad([pool[i % len(pool)] for i in range(B)], pad)
             ids, mask = ids.to(device), mask.to(device)
-            generate(model, ids[:1], mask[:1], s)  # warm-up
+            decode(model, ids[:1], mask[:1], s)  # warm-up
             sync(device)
             t0 = time.perf_counter()
-            out = generate(model, ids, mask, s)
+            out = decode(model, ids, mask, s)
             sync(device)
             sec = time.perf_counter() - t0
             floor = call_floor(model, out.stats, B, hw)

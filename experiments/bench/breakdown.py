@@ -1,0 +1,183 @@
+"""Where a forward's time goes: each forward kind of the samplers timed whole against its matmuls
+alone (same shapes, same weights), the rest being everything that is not a matmul (RoPE, norms,
+attention over the cache, copies, masks), as ratios measured in one run: interleaved rounds,
+median and 95% bootstrap interval.
+
+    python -m experiments.bench.breakdown --shape embedded mid --batches 1 8 --threads 1 --out /tmp/breakdown
+
+Forward kinds, each the call its policy makes (prompt P, answer G, block L = 32; the window at
+the first answer block, ``lo = P``), on a cache filled by one committing forward over every column:
+
+- ``full``: the uncached forward over all ``T = P + G`` columns, the LM head on the block (LLaDA's
+  baseline, :class:`dlm.llada.FullSequence`);
+- ``prefix``: columns ``[lo, T)`` over the cache, the head on the block (Fast-dLLM's prefix cache);
+- ``dual``: the block ``[lo, lo + L)`` over all ``T`` cached keys (Fast-dLLM's dual cache);
+- ``exact``: a BD3-LM block of 16 over the keys up to its end, block-causal mask
+  (:mod:`bd3lm.policy`'s cached step);
+- ``ar``: one column over the ``P + G / 2`` keys before it, causal mask (:mod:`dlm.ar_decode`'s step).
+
+``embedded`` runs the committed checkpoints (``llada-arith`` for full/prefix/dual,
+``bd3lm-arith-16`` for exact, ``dream-ar`` for ar), ``mid`` random weights (d 512, 8 layers, vocab
+32000); prompts are random ids. ``whole / matmuls`` = 1 means nothing but matmuls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dlm.attention import block_causal_mask, block_ids, causal_mask
+from dlm.cache import KVCache
+from dlm.io import stable_json
+from experiments.bench.bench_load import models_for
+from experiments.bench.ratios import clock_name, fmt, interleaved, load_average, ratio
+from harness.cli import (
+    add_run_args,
+    at_least,
+    device_of,
+    dtype_of,
+    markdown_table,
+    parser,
+    run_main,
+    set_threads,
+)
+from harness.results import atomic_write_text, git_sha
+from harness.roofline import matmul_call
+
+KINDS = ("full", "prefix", "dual", "exact", "ar")
+MODEL_OF = {"full": "baseline", "prefix": "baseline", "dual": "dual_threshold", "exact": "bd3lm", "ar": "ar"}
+BLOCK, BD3_BLOCK = 32, 16
+
+
+def forward_of(kind: str, model, B: int, P: int, G: int):
+    """(a call running the forward once, its query columns, its LM-head columns) on random ids
+    with a cache filled over all ``P + G`` columns."""
+    cfg = model.config
+    T, lo = P + G, P
+    g = torch.Generator().manual_seed(0)
+    dev = model.embed.weight.device
+    x = torch.randint(4, cfg.vocab_size - 2, (B, T), generator=g).to(dev)
+    pos = torch.arange(T, device=dev).expand(B, T)
+    cos, sin = model.rope_tables(pos, model.embed.weight.dtype)
+    cache = KVCache.for_model(model, B, T)
+    with torch.no_grad():
+        model(x, cache=cache, commit=True, logits_slice=slice(0, 0), rope=(cos, sin))
+
+    def call(start, stop, mask, head, cached=True):
+        rope = (cos[:, :, start:stop], sin[:, :, start:stop])
+        kw = {"cache": cache, "start": start} if cached else {}
+
+        @torch.no_grad()
+        def run():
+            return model(x[:, start:stop], attn_mask=mask, logits_slice=head, rope=rope, **kw)
+
+        return run, stop - start, len(range(stop - start)[head])
+
+    if kind == "full":
+        return call(0, T, None, slice(lo, lo + BLOCK), cached=False)
+    if kind == "prefix":
+        return call(lo, T, None, slice(0, BLOCK))
+    if kind == "dual":
+        return call(lo, lo + BLOCK, None, slice(0, BLOCK))
+    if kind == "exact":
+        hi = lo + BD3_BLOCK
+        ids = block_ids(hi, BD3_BLOCK, P, device=dev)
+        cache.truncate(lo)
+        return call(lo, hi, block_causal_mask(ids[lo:hi], ids[:hi]), slice(0, BD3_BLOCK))
+    if kind == "ar":
+        c = P + G // 2
+        cache.truncate(c)
+        return call(c, c + 1, causal_mask(torch.arange(c, c + 1, device=dev), c + 1), slice(0, 1))
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def repeated(fn, n: int):
+    def run() -> None:
+        for _ in range(n):
+            fn()
+
+    return run
+
+
+def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
+              target_s: float = 0.05) -> dict:
+    """Rows (kind, batch): whole and matmul seconds per forward (medians), whole / matmuls and
+    rest / whole with 95% intervals. Each timed call repeats the forward to last ~``target_s``."""
+    import time
+
+    models, _tok, _pool = models_for(shape, device, dtype)
+    rows = []
+    for kind in kinds:
+        model = models[MODEL_OF[kind]]
+        for B in batches:
+            run, q, head = forward_of(kind, model, B, prompt, gen)
+            mm = matmul_call(model, B * q, B * head)
+            run()
+            t0 = time.perf_counter()
+            run()
+            n = max(1, min(200, round(target_s / max(time.perf_counter() - t0, 1e-6))))
+            load = load_average()
+            times = interleaved({"whole": repeated(run, n), "matmuls": repeated(mm, n)}, repeats, device)
+            times = {k: [t / n for t in v] for k, v in times.items()}
+            rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])], **times}
+            row = {"kind": kind, "batch": B, "queries": q, "head": head, "forwards_per_call": n, "load": load,
+                   "whole_s": sorted(times["whole"])[repeats // 2], "matmuls_s": sorted(times["matmuls"])[repeats // 2],
+                   "whole_over_matmuls": ratio(times, "whole", "matmuls"), "rest_over_whole": ratio(rest, "rest", "whole"),
+                   "times": times}
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("kind", "batch", "queries", "whole_s", "matmuls_s", "load")}
+                             | {"whole/matmuls": fmt(row["whole_over_matmuls"]),
+                                "rest/whole": fmt(row["rest_over_whole"])}), flush=True)
+    return {"shape": shape, "prompt_len": prompt, "gen_length": gen, "repeats": repeats, "device": str(device),
+            "dtype": str(dtype), "threads": torch.get_num_threads(), "clock": clock_name(device), "rows": rows, "git_sha": git_sha()}
+
+
+def table(res: dict) -> list[str]:
+    """The markdown breakdown table of :func:`breakdown`'s result."""
+    body = [[r["kind"], r["batch"], f"{r['queries']} x {r['head']}", f"{1e3 * r['whole_s']:.2f}",
+             f"{1e3 * r['matmuls_s']:.2f}", f"{1e3 * (r['whole_s'] - r['matmuls_s']):.2f}",
+             fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), " ".join(map(str, r["load"]))]
+            for r in res["rows"]]
+    return markdown_table(["forward", "batch", "queries x head", "whole ms", "matmuls ms", "rest ms",
+                           "whole / matmuls", "rest / whole", "load avg"], body)
+
+
+def main(argv=None) -> list[dict]:
+    p = parser("experiments.bench.breakdown", __doc__, paragraphs=2)
+    add_run_args(p, model=None, model_help="unused (the shape picks the models)", dtype="float32", seed=False)
+    count = at_least(1)
+    p.add_argument("--shape", nargs="+", default=["embedded", "mid"], choices=["embedded", "mid", "tiny"],
+                   metavar="SHAPE", help="embedded (checkpoints), mid, tiny (random; default embedded mid)")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), metavar="KIND",
+                   help=f"of {' '.join(KINDS)} (default all)")
+    p.add_argument("--batches", type=count, nargs="+", default=[1, 8], metavar="B", help="batch sizes (default 1 8)")
+    p.add_argument("--prompt-len", type=count, default=200, metavar="P", help="prompt columns (default 200)")
+    p.add_argument("--gen-length", type=count, default=256, metavar="G",
+                   help="answer columns, a multiple of 32 (default 256)")
+    p.add_argument("--repeats", type=count, default=7, metavar="N", help="interleaved rounds (default 7)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write <out>/breakdown_<shape>.md and .json")
+    a = p.parse_args(argv)
+    if a.gen_length % BLOCK:
+        raise ValueError(f"--gen-length must be a multiple of {BLOCK}, got {a.gen_length}")
+    set_threads(a.threads)
+    device = device_of(a.device)
+    out = []
+    for shape in a.shape:
+        res = breakdown(shape, sorted(set(a.batches)), a.prompt_len, a.gen_length, a.repeats, device,
+                        dtype_of(a.dtype, device), a.kinds)
+        out.append(res)
+        if a.out:
+            md = [f"# Forward time against its matmuls: {shape} shape, prompt {a.prompt_len}, gen {a.gen_length}", "",
+                  (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds ({res['clock']}); "
+                   f"git {res['git_sha']}. Times per forward: medians; ratios: median of the per-round ratios [95% "
+                   "bootstrap interval]; rest = whole - matmuls."), "", *table(res)]
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(a.out) / f"breakdown_{shape}.md", "\n".join(md) + "\n")
+            atomic_write_text(Path(a.out) / f"breakdown_{shape}.json", stable_json(res, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    run_main(main)
