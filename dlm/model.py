@@ -101,8 +101,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(x.device.type):
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # the same ops below, one call
+        cpu_full = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+        if cpu_full and not torch.is_autocast_enabled("cpu"):  # on CPU the same ops as below, in one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return xf.to(x.dtype) * self.weight
