@@ -242,6 +242,11 @@ def fastdllm_sampler(strategy: Optional[str], model_args: dict) -> Sampler:
     return sampler
 
 
+#: how to run a checkpoint of each attention with lm-eval (dlm.kind.ModelKind.bind)
+RUN_AS = {"block_causal": "use --model bd3lm", "causal": "pass strategy=ar in --model_args",
+          "bidirectional": "pass a bidirectional strategy (e.g. strategy=baseline_semiar)"}
+
+
 @register_model("fastdllm")
 class FastDLLMEvalLM(DiffusionEvalLM):
     """Bidirectional model (``dlm.load_model``) decoded by a baseline / Fast-dLLM strategy."""
@@ -250,11 +255,13 @@ class FastDLLMEvalLM(DiffusionEvalLM):
                  mc_batch_size: int = 32, check_greedy: bool = True, batch_size=1, max_batch_size=None,
                  device: Optional[str] = None, dtype: str = "auto", seed: int = 0, **sampler) -> None:
         strat = fastdllm_sampler(strategy, sampler)  # validates before loading
-        from dlm.checkpoints import load_model
+        from dlm.checkpoints import load_model, model_kind
 
         dev, dt = _load(pretrained, dtype, device)
         with reading("--model_args pretrained=", pretrained):
             self.model, self.tokenizer = load_model(pretrained, dtype=dt, device=dev)
+            kind = model_kind(pretrained)
+        strat = kind.bind(strat, f"pretrained={pretrained}", RUN_AS)
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.bd3 = None
