@@ -201,14 +201,14 @@ def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype)
         with _reading(file):
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for n in names:
-                    t = f.get_tensor(n)
-                    stored = t.dtype
-                    t = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+                    stored = f.get_tensor(n)
+                    t = stored.to(dtype) if dtype is not None and stored.is_floating_point() else stored
                     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                        bad = int((~torch.isfinite(t)).sum())
-                        cast = f" after the cast from {stored} to {t.dtype}" if t.dtype != stored else ""
+                        cast = bool(torch.isfinite(stored).all())  # finite as stored: the cast overflowed
+                        bad = int((~torch.isfinite(t if cast else stored)).sum())
                         raise ValueError(f"{file}: tensor {n!r} holds {bad} non-finite value(s) (NaN or inf)"
-                                         f"{cast}; refusing to load it")
+                                         f"{f' after the cast from {stored.dtype} to {t.dtype}' if cast else ''}"
+                                         "; refusing to load it")
                     out[wanted[n]] = t
     return out
 

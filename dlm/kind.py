@@ -13,9 +13,9 @@ decodes with another one.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
 
 from . import registry
 
@@ -40,8 +40,8 @@ class ModelKind:
 
     attention: str
     source: str
-    block_size: Optional[int] = None
-    align: Optional[str] = None
+    block_size: int | None = None
+    align: str | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -71,7 +71,7 @@ class ModelKind:
             raise ValueError(f"strategy {sampler.name} on {model}: {e}") from None
 
 
-def bd3_metadata(path: Path, raw: dict) -> Optional[tuple[dict, str]]:
+def bd3_metadata(path: Path, raw: dict) -> tuple[dict, str] | None:
     """BD3-LM metadata ``(dict, source)`` of a checkpoint from ``config.json`` ``extra.bd3lm``
     and/or ``bd3lm.json`` (ValueError naming both files and values when they disagree), else None."""
     cfg_file, meta_file = Path(path) / "config.json", Path(path) / BD3_FILE

@@ -95,15 +95,16 @@ class HarnessConfig:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model with its tokenizer; ``bd3`` is the BD3Config of a block-causal model."""
+    """A model with its tokenizer, the attention it was trained with and the flag that named it;
+    ``bd3`` is the BD3Config of a block-causal model."""
 
     model: torch.nn.Module
     tokenizer: object
     source: str
+    kind: ModelKind
+    flag: str
     bd3: object = None
     weights: Optional[str] = None  # dlm.checkpoints.weights_fingerprint of the checkpoint
-    kind: Optional[ModelKind] = None  # the attention it was trained with (dlm.kind)
-    flag: str = "--model"  # the flag that named it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,8 +170,7 @@ def parse_config(argv=None) -> HarnessConfig:
     if a.bd3_context is not None and (a.bd3_model is None or a.bd3_context < 1):
         raise ValueError(f"--bd3-context must be >= 1 and needs --bd3-model, got {a.bd3_context}")
     numbers = dict(gen_length=a.gen_length, block_length=DEFAULT_BLOCK if a.block_length is None else a.block_length,
-                   steps=a.steps, threshold=a.threshold,
-                   factor=a.factor, temperature=a.temperature, family=a.family)
+                   steps=a.steps, threshold=a.threshold, factor=a.factor, temperature=a.temperature, family=a.family)
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
     except (TypeError, ValueError) as e:
@@ -233,7 +233,7 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
             kind = model_kind(cfg.model)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
-        main = Loaded(model, tok, repo_relative(cfg.model), weights=weights_fingerprint(cfg.model), kind=kind)
+        main = Loaded(model, tok, repo_relative(cfg.model), kind, "--model", weights=weights_fingerprint(cfg.model))
     if any(is_bd3(s) for s in strategies):
         from bd3lm import BD3LM
 
@@ -244,8 +244,8 @@ def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[O
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
         if cfg.bd3_context is not None:
             wrapper.model.config = dataclasses.replace(wrapper.model.config, max_seq_len=cfg.bd3_context)
-        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config,
-                     weights_fingerprint(cfg.bd3_model), kind, "--bd3-model")
+        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), kind, "--bd3-model", wrapper.bd3_config,
+                     weights_fingerprint(cfg.bd3_model))
     return main, bd3
 
 
@@ -273,14 +273,13 @@ RUN_AS = {"block_causal": "pass it as --bd3-model with --strategies bd3lm",
 
 def make_job(strategy: Sampler, loaded: Loaded, cfg: HarnessConfig, problems, shots) -> Job:
     strategy = loaded.kind.bind(strategy, f"{loaded.flag} {loaded.source}", RUN_AS)
-    if is_bd3(strategy) and cfg.block_length is not None and cfg.block_length != strategy.block_length:
-        if any(not is_bd3(s) for s in cfg.strategies):  # --block-length is theirs
-            print(f"note: {strategy.name} decodes in --bd3-model's block size {strategy.block_length} "
-                  f"({loaded.kind.source}), not --block-length {cfg.block_length}", file=sys.stderr)
-        else:
-            raise ValueError(f"--block-length {cfg.block_length}: strategy {strategy.name} decodes in the block "
-                             f"size of --bd3-model {loaded.source}, {strategy.block_length} ({loaded.kind.source}); omit "
-                             f"--block-length or pass a --bd3-model of block size {cfg.block_length}")
+    if is_bd3(strategy) and cfg.block_length not in (None, strategy.block_length):  # an explicit other --block-length
+        what = (f"strategy {strategy.name} decodes in the block size of --bd3-model {loaded.source}, "
+                f"{strategy.block_length} ({loaded.kind.source})")
+        if all(is_bd3(s) for s in cfg.strategies):
+            raise ValueError(f"--block-length {cfg.block_length}: {what}; omit --block-length or pass a "
+                             f"--bd3-model of block size {cfg.block_length}")
+        print(f"note: --block-length {cfg.block_length} is for the other strategies: {what}", file=sys.stderr)
     chat = cfg.chat_template and bool(getattr(loaded.tokenizer, "chat_template", None))
     longest = max(len(encode_question(loaded.tokenizer, p.question, shots, chat)) for p in problems)
     limit = loaded.model.config.max_seq_len
