@@ -212,6 +212,19 @@ def test_a_shard_linked_out_of_the_folder_is_refused(tmp_path):
     assert str(e.value) == f"{index}: shard 'link.safetensors' resolves to {outside}, outside {path}"
 
 
+def test_a_hub_snapshot_links_into_its_blobs(tmp_path):
+    """huggingface_hub's cache: snapshots/<rev>/<file> -> ../../blobs/<hash>, outside the snapshot but in the repo."""
+    path = _sharded(tmp_path)
+    repo = tmp_path / "hub" / "models--org--name"
+    snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(path.iterdir())):
+        shutil.copy(f, blobs / f"h{i}")
+        (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / f"h{i}")
+    load_model(snap, dtype=torch.float64)
+
+
 def test_index_and_shards_must_agree(tmp_path):
     path = _sharded(tmp_path)
     index = path / "model.safetensors.index.json"
