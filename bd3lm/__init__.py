@@ -13,7 +13,7 @@ Modules: :mod:`.masks` (the vectorized ``x_t ⊕ x_0`` mask), :mod:`.loss` (NELB
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -29,8 +29,7 @@ from .sampler import sample
 from .clipping import ClipSearchResult, search_clipping
 from .schedules import DEFAULT_GRID, UNCLIPPED, ClipSchedule
 
-META_FILE = "bd3lm.json"
-META_KEY = "bd3lm"
+from dlm.kind import BD3_FILE as META_FILE, BD3_KEY as META_KEY
 
 __all__ = [
     "ALIGNS", "Ancestral", "BD3Config", "BD3LM", "BD3Objective", "BlockCausal", "ClipSchedule", "ClipSearchResult",
@@ -159,18 +158,30 @@ class BD3LM(nn.Module):
 
     @classmethod
     def load(cls, path, dtype=torch.float32, device=None, backend: str = "sdpa") -> tuple["BD3LM", object]:
-        """``(BD3LM, tokenizer)`` from a directory written by :meth:`save`."""
-        from dlm.checkpoints import load_model, read_config
+        """``(BD3LM, tokenizer)`` from a directory written by :meth:`save`: its BD3-LM metadata
+        (``config.json`` ``extra.bd3lm`` and / or ``bd3lm.json``, which must agree) checked whole,
+        each error naming the file and the key."""
+        from dlm.checkpoints import load_model, read_config, resolve_path
+        from dlm.kind import bd3_metadata
 
-        model, tokenizer = load_model(path, dtype=dtype, device=device)
+        path = resolve_path(path)
         _, raw = read_config(path)
-        meta = (raw.get("extra") or {}).get(META_KEY)
-        meta_file = Path(path) / META_FILE
-        if meta is None and meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
-        if meta is None:
-            raise ValueError(f"{path} has no BD3-LM metadata (config.json extra.{META_KEY} or {META_FILE})")
-        cfg = BD3Config(**meta)
+        found = bd3_metadata(path, raw)
+        if found is None:
+            raise ValueError(f"{path} has no BD3-LM metadata (config.json extra.{META_KEY} or {META_FILE}): "
+                             "not a block-causal BD3-LM checkpoint")
+        meta, source = found
+        unknown = sorted(set(meta) - {f.name for f in fields(BD3Config)})
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown} (BD3Config fields: "
+                             f"{[f.name for f in fields(BD3Config)]})")
+        if "block_size" not in meta:
+            raise ValueError(f"{source}: missing key 'block_size'")
+        try:
+            cfg = BD3Config(**meta)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from None
+        model, tokenizer = load_model(path, dtype=dtype, device=device)
         return cls(model, cfg.block_size, cfg.schedule, cfg.align, backend), tokenizer
 
 

@@ -39,6 +39,7 @@ class ExactBlockCache(CachePolicy):
         "block-diffusion layout: blocks after the prompt (SFT) or at multiples of the block size", choices=ALIGNS))
     use_cache = True
     block_model = True
+    attention = "block_causal"
     family_rules = False
     same_as = ("block_causal", ())  # the cache is exact
 

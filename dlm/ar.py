@@ -37,6 +37,7 @@ class ARCache(CachePolicy):
     """Cache policy "ar": one prefill, then one column per step with the exact KV cache."""
 
     family_rules = False
+    attention = "causal"
 
     @classmethod
     def check(cls, block_length: Optional[int], rule: str) -> None:

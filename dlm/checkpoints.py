@@ -18,13 +18,16 @@ from typing import Optional, Union
 import torch
 
 from .io import write_dir
-from .layouts import config_from_json, config_to_json, layout_name_map
+from .kind import ModelKind, read_json, read_kind
+from .layouts import TIE_KEYS, config_from_json, config_to_json, layout_name_map
 from .model import ModelConfig, Transformer
 
 PathLike = Union[str, os.PathLike]
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+#: the files that hold a vocabulary, one set of them is needed beside any tokenizer file
+VOCAB_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
 #: the one dtype table (command-line names -> torch dtypes); the short aliases are accepted too
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _DTYPES = {**DTYPES, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -75,22 +78,61 @@ def resolve_path(path_or_id: PathLike) -> Path:
 
 
 def read_config(path: PathLike) -> tuple[ModelConfig, dict]:
-    """ModelConfig and the raw config.json dict of a checkpoint directory."""
+    """ModelConfig and the raw config.json dict of a checkpoint directory; a missing, malformed or
+    incomplete config.json is an error naming the file (and the key)."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"missing {cfg_file}")
-    raw = json.loads(cfg_file.read_text())
-    return config_from_json(raw), raw
+    raw = read_json(cfg_file)
+    try:
+        return config_from_json(raw), raw
+    except ValueError as e:
+        raise ValueError(f"{cfg_file}: {e}") from None
+
+
+def model_kind(path_or_hub_id: PathLike) -> ModelKind:
+    """The attention the checkpoint was trained with (:mod:`dlm.kind`), read from its metadata."""
+    path = resolve_path(path_or_hub_id)
+    return read_kind(path, read_config(path)[1])
+
+
+def _shard_file(path: Path, name, index: Path) -> Path:
+    """The shard ``name`` of ``index``, refused unless it is a plain file name inside ``path`` (no
+    absolute path, no ``..``, no link out of the folder; a Hub snapshot's links into its blobs are fine)."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or "\\" in name:
+        raise ValueError(f"{index}: shard name {name!r} must be a file name inside {path}")
+    root = path.resolve()
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
+        root = root.parent.parent  # huggingface_hub cache: snapshots/<rev>/x -> ../../blobs/<hash>
+    file = path / name
+    if root not in file.resolve().parents:
+        raise ValueError(f"{index}: shard {name!r} resolves to {file.resolve()}, outside {path}")
+    return file
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
-    """tensor name -> file, from the shard index or the single weights file."""
+    """tensor name -> file, from the shard index (checked against the shards' own tensor lists)
+    or the single weights file."""
     index = path / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        meta = read_json(index)
+        weight_map = meta.get("weight_map") if isinstance(meta, dict) else None
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no weight_map")
-        return {name: path / f for name, f in weight_map.items()}
+            raise ValueError(f"{index} has no weight_map object")
+        listed = {name: _shard_file(path, f, index) for name, f in weight_map.items()}
+        files: dict[str, Path] = {}
+        for shard in sorted(set(listed.values())):
+            if not shard.is_file():
+                raise FileNotFoundError(f"missing weight shard {shard} (listed in {index})")
+            files.update((name, shard) for name in _safetensor_keys(shard))
+        wrong = sorted(n for n in set(listed) | set(files) if listed.get(n) != files.get(n))
+        if wrong:
+            n = wrong[0]
+            raise ValueError(f"{index} and the shards disagree on {len(wrong)} tensor(s), e.g. {n!r}: index says "
+                             f"{listed[n].name if n in listed else 'nothing'}, found in "
+                             f"{files[n].name if n in files else 'no shard'}")
+        return files
     single = path / WEIGHTS
     if not single.is_file():
         raise FileNotFoundError(f"missing weight file {single} (and no {INDEX})")
@@ -147,7 +189,8 @@ def _reading(file: Path):
 
 
 def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype) -> dict[str, torch.Tensor]:
-    """Load checkpoint tensors named in ``wanted`` (ckpt name -> native name)."""
+    """Load checkpoint tensors named in ``wanted`` (ckpt name -> native name); a floating tensor with
+    a NaN or inf (as stored, or after the cast to ``dtype``) is a ValueError naming it and its file."""
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
@@ -155,14 +198,36 @@ def _read_tensors(files: dict[str, Path], wanted: dict[str, str], device, dtype)
         by_file.setdefault(files[ckpt_name], []).append(ckpt_name)
     out = {}
     for file, names in by_file.items():
-        if not file.is_file():
-            raise FileNotFoundError(f"missing weight shard {file}")
         with _reading(file):
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for n in names:
-                    t = f.get_tensor(n)
-                    out[wanted[n]] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+                    stored = f.get_tensor(n)
+                    t = stored.to(dtype) if dtype is not None and stored.is_floating_point() else stored
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        cast = bool(torch.isfinite(stored).all())  # finite as stored: the cast overflowed
+                        bad = int((~torch.isfinite(t if cast else stored)).sum())
+                        raise ValueError(f"{file}: tensor {n!r} holds {bad} non-finite value(s) (NaN or inf)"
+                                         f"{f' after the cast from {stored.dtype} to {t.dtype}' if cast else ''}"
+                                         "; refusing to load it")
+                    out[wanted[n]] = t
     return out
+
+
+def _check_all_used(path: Path, cfg: ModelConfig, files: dict[str, Path], used: set[str]) -> None:
+    """Every tensor in the weight files is one the model uses, else a ValueError naming them and their file."""
+    unused = sorted(set(files) - used)
+    if not unused:
+        return
+    by_file: dict[Path, list[str]] = {}
+    for n in unused:
+        by_file.setdefault(files[n], []).append(n)
+    file, names = next(iter(by_file.items()))
+    head = layout_name_map(["lm_head.weight"], cfg.layout)["lm_head.weight"]
+    why = (f" (config.json {TIE_KEYS[cfg.layout]!r} is true: the head is the embedding, so {head!r} would be "
+           "dropped)" if cfg.tie_embeddings and head in unused else "")
+    more = f" and {len(unused) - len(names)} more in other shards" if len(unused) > len(names) else ""
+    raise ValueError(f"{file}: {len(names)} tensor(s) the model does not use: {names[:5]}"
+                     f"{' ...' if len(names) > 5 else ''}{more}{why}; refusing to drop them")
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -180,12 +245,18 @@ def load_tokenizer(path: PathLike, layout: str = "native"):
     ``Qwen2Tokenizer`` without running remote code.
     """
     path = Path(path)
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+    present = [f for f in TOKENIZER_FILES if (path / f).is_file()]
+    if not present:
         return None
+    if not any(all((path / f).is_file() for f in files) for files in VOCAB_FILES):
+        raise ValueError(f"{path}: incomplete tokenizer: has {', '.join(present)} but none of "
+                         f"{' / '.join(' + '.join(files) for files in VOCAB_FILES)}")
     from transformers import AutoTokenizer
 
     tok_cfg_file = path / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_file.read_text()) if tok_cfg_file.is_file() else {}
+    tok_cfg = read_json(tok_cfg_file) if tok_cfg_file.is_file() else {}
+    if not isinstance(tok_cfg, dict):
+        raise ValueError(f"{tok_cfg_file}: expected a JSON object, got {tok_cfg!r}")
     if tok_cfg.get("auto_map") and tok_cfg.get("tokenizer_class") == "DreamTokenizer":
         from transformers import Qwen2Tokenizer
 
@@ -205,13 +276,17 @@ def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
     device: where the tensors are loaded (default CPU); an invalid device string, or a device this
     machine does not have (``'cuda'`` without CUDA), is a ValueError before any file is read.
     The tokenizer is None when the directory has no tokenizer files. The model is in eval mode.
+    The checkpoint is checked whole first: config keys present and typed, every tensor expected
+    present and every stored tensor used, all weights finite, shard names inside the folder, its
+    BD3-LM metadata consistent; each failure is a ValueError naming the file and the key or tensor.
     A weight file that does not parse (bad header, cut short) is a ValueError naming the file with
     the safetensors error as its cause; other errors (e.g. out of memory) keep their type.
     """
     dtype = _as_dtype(dtype)
     device = _as_device(device)
     path = resolve_path(path_or_hub_id)
-    cfg, _ = read_config(path)
+    cfg, raw = read_config(path)
+    read_kind(path, raw)  # its BD3-LM metadata, when there is some, is consistent
     tokenizer = load_tokenizer(path, cfg.layout)
     if tokenizer is not None and cfg.eot_token_id is None:
         eot = tokenizer.convert_tokens_to_ids("<|eot_id|>") if "<|eot_id|>" in tokenizer.get_vocab() else None
@@ -225,10 +300,11 @@ def load_model(path_or_hub_id: PathLike, dtype=torch.float32, device=None):
     if missing:
         raise ValueError(f"checkpoint {path} is missing tensor(s) {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+    _check_all_used(path, cfg, files, set(name_map.values()))
     tensors = _read_tensors(files, {c: n for n, c in name_map.items()}, device, dtype)
     for n, p in model.named_parameters():
         if tuple(tensors[n].shape) != tuple(p.shape):
-            raise ValueError(f"tensor {name_map[n]!r} has shape {tuple(tensors[n].shape)}, "
+            raise ValueError(f"{files[name_map[n]]}: tensor {name_map[n]!r} has shape {tuple(tensors[n].shape)}, "
                              f"expected {tuple(p.shape)}")
     model.load_state_dict(tensors, strict=True, assign=True)
     return model.eval(), tokenizer

@@ -33,6 +33,8 @@ _GLOBAL_NAMES = {
     "norm.weight": ("model.transformer.ln_f.weight", "model.norm.weight"),
     "lm_head.weight": ("model.transformer.ff_out.weight", "lm_head.weight"),
 }
+#: the config.json key that ties the LM head to the embedding, per layout
+TIE_KEYS = {"native": "tie_embeddings", "llada": "weight_tying", "dream": "tie_word_embeddings"}
 _LAYER_PREFIX = ("model.transformer.blocks.{i}.", "model.layers.{i}.")
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 
@@ -74,59 +76,98 @@ def layout_name_map(param_names, layout: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------
 
 
+_REQUIRED = object()
+_KINDS = {  # kind -> (check, description)
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a JSON integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a JSON number"),
+    "bool": (lambda v: isinstance(v, bool), "a JSON boolean (true / false)"),
+    "id": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a JSON integer or null"),
+    "str": (lambda v: isinstance(v, str), "a JSON string"),
+}
+
+
+def _get(c: dict, key: str, kind: str, default=_REQUIRED):
+    """``c[key]`` checked to be of ``kind`` (:data:`_KINDS`); ``default`` when absent, else ValueError
+    naming the key. Numbers of kind ``float`` come back as floats."""
+    if key not in c:
+        if default is _REQUIRED:
+            raise ValueError(f"missing key {key!r}")
+        return default
+    check, what = _KINDS[kind]
+    value = c[key]
+    if not check(value):
+        raise ValueError(f"key {key!r} must be {what}, got {value!r}")
+    return float(value) if kind == "float" else value
+
+
 def _llada_config(c: dict) -> ModelConfig:
-    if not c.get("rope", True) or c.get("alibi", False):
-        raise ValueError("only RoPE LLaDA checkpoints are supported (rope=true, alibi=false)")
-    d = c["d_model"]
-    hidden = c.get("mlp_hidden_size") or c.get("mlp_ratio", 4) * d
+    if not _get(c, "rope", "bool", True) or _get(c, "alibi", "bool", False):
+        raise ValueError("only RoPE LLaDA checkpoints are supported (keys 'rope': true, 'alibi': false)")
+    d = _get(c, "d_model", "int")
+    n_heads = _get(c, "n_heads", "int")
+    hidden = _get(c, "mlp_hidden_size", "id", None) or _get(c, "mlp_ratio", "int", 4) * d
     return ModelConfig(
-        vocab_size=c.get("embedding_size") or c["vocab_size"],
+        vocab_size=_get(c, "embedding_size", "id", None) or _get(c, "vocab_size", "int"),
         d_model=d,
-        n_layers=c["n_layers"],
-        n_heads=c["n_heads"],
-        n_kv_heads=c.get("n_kv_heads") or c["n_heads"],
+        n_layers=_get(c, "n_layers", "int"),
+        n_heads=n_heads,
+        n_kv_heads=_get(c, "n_kv_heads", "id", None) or n_heads,
         mlp_hidden=hidden,
-        max_seq_len=c.get("max_sequence_length", 4096),
-        rope_theta=float(c.get("rope_theta", 10000.0)),
-        norm_eps=float(c.get("rms_norm_eps", 1e-5)),
-        qkv_bias=bool(c.get("include_qkv_bias", False) or c.get("include_bias", False)),
-        tie_embeddings=bool(c.get("weight_tying", False)),
+        max_seq_len=_get(c, "max_sequence_length", "int", 4096),
+        rope_theta=_get(c, "rope_theta", "float", 10000.0),
+        norm_eps=_get(c, "rms_norm_eps", "float", 1e-5),
+        qkv_bias=_get(c, "include_qkv_bias", "bool", False) or _get(c, "include_bias", "bool", False),
+        tie_embeddings=_get(c, "weight_tying", "bool", False),
         shift_logits=False,
-        mask_token_id=c.get("mask_token_id", 126336),
-        eos_token_id=c.get("eos_token_id"),
-        pad_token_id=c.get("pad_token_id"),
-        bos_token_id=c.get("bos_token_id"),
+        mask_token_id=_get(c, "mask_token_id", "int"),
+        eos_token_id=_get(c, "eos_token_id", "id", None),
+        pad_token_id=_get(c, "pad_token_id", "id", None),
+        bos_token_id=_get(c, "bos_token_id", "id", None),
         layout="llada",
     )
 
 
 def _dream_config(c: dict) -> ModelConfig:
-    if "mask_token_id" not in c:
-        raise ValueError("Dream config.json has no mask_token_id")
+    n_heads = _get(c, "num_attention_heads", "int")
     return ModelConfig(
-        vocab_size=c["vocab_size"],
-        d_model=c["hidden_size"],
-        n_layers=c["num_hidden_layers"],
-        n_heads=c["num_attention_heads"],
-        n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-        mlp_hidden=c["intermediate_size"],
-        max_seq_len=c.get("max_position_embeddings", 32768),
-        rope_theta=float(c.get("rope_theta", 10000.0)),
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        vocab_size=_get(c, "vocab_size", "int"),
+        d_model=_get(c, "hidden_size", "int"),
+        n_layers=_get(c, "num_hidden_layers", "int"),
+        n_heads=n_heads,
+        n_kv_heads=_get(c, "num_key_value_heads", "id", None) or n_heads,
+        mlp_hidden=_get(c, "intermediate_size", "int"),
+        max_seq_len=_get(c, "max_position_embeddings", "int", 32768),
+        rope_theta=_get(c, "rope_theta", "float", 10000.0),
+        norm_eps=_get(c, "rms_norm_eps", "float", 1e-6),
         qkv_bias=True,
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        tie_embeddings=_get(c, "tie_word_embeddings", "bool", False),
         shift_logits=True,
-        mask_token_id=c["mask_token_id"],
-        eos_token_id=c.get("eos_token_id"),
-        pad_token_id=c.get("pad_token_id"),
-        bos_token_id=c.get("bos_token_id"),
+        mask_token_id=_get(c, "mask_token_id", "int"),
+        eos_token_id=_get(c, "eos_token_id", "id", None),
+        pad_token_id=_get(c, "pad_token_id", "id", None),
+        bos_token_id=_get(c, "bos_token_id", "id", None),
         layout="dream",
     )
 
 
+#: native config.json: ModelConfig field -> kind; every one required but the optional token ids
+_NATIVE_FIELDS = {
+    "vocab_size": "int", "d_model": "int", "n_layers": "int", "n_heads": "int", "n_kv_heads": "int",
+    "mlp_hidden": "int", "max_seq_len": "int", "rope_theta": "float", "norm_eps": "float", "qkv_bias": "bool",
+    "tie_embeddings": "bool", "shift_logits": "bool", "mask_token_id": "int",
+}
+_NATIVE_IDS = ("eos_token_id", "pad_token_id", "bos_token_id", "eot_token_id")
+_NATIVE_OTHER = ("model_type", "torch_dtype", "extra", "layout")
+
+
 def _native_config(c: dict) -> ModelConfig:
-    d = {k: v for k, v in c.items() if k not in ("model_type", "torch_dtype", "extra")}
-    return ModelConfig.from_dict(d)
+    unknown = sorted(set(c) - set(_NATIVE_FIELDS) - set(_NATIVE_IDS) - set(_NATIVE_OTHER))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} (ModelConfig fields: {sorted([*_NATIVE_FIELDS, *_NATIVE_IDS])})")
+    if _get(c, "layout", "str", "native") != "native":
+        raise ValueError(f"key 'layout' must be 'native' in a model_type {NATIVE_TYPE!r} config, got {c['layout']!r}")
+    values = {k: _get(c, k, kind) for k, kind in _NATIVE_FIELDS.items()}
+    return ModelConfig(**values, **{k: _get(c, k, "id", None) for k in _NATIVE_IDS})
 
 
 _READERS: dict[str, Callable[[dict], ModelConfig]] = {
@@ -134,12 +175,16 @@ _READERS: dict[str, Callable[[dict], ModelConfig]] = {
 }
 
 
-def config_from_json(c: dict) -> ModelConfig:
+def config_from_json(c) -> ModelConfig:
+    """ModelConfig of a config.json dict; a missing key or one of the wrong JSON type is a
+    ValueError naming the key (the caller adds the file)."""
+    if not isinstance(c, dict):
+        raise ValueError(f"expected a JSON object, got a JSON {type(c).__name__}")
     layout = detect_layout(c)
     try:
         return _READERS[layout](c)
-    except KeyError as e:
-        raise ValueError(f"{layout} config.json is missing field {e.args[0]!r}") from None
+    except ValueError as e:
+        raise ValueError(f"{layout} config: {e}") from None
 
 
 def config_to_json(cfg: ModelConfig, layout: str) -> dict:

@@ -42,8 +42,10 @@ class CachePolicy:
     ``family_rules``: a model family's own block rules apply under it (Fast-dLLM's Dream rules);
     ``approximate``: it reuses K/V a full recompute would change; ``same_as``: ``(policy,
     ((option, value), ...))``: with those options it equals that policy token for token (the
-    contract tests check it)."""
+    contract tests check it); ``attention``: the attention the decoded model was trained with
+    (``bidirectional``, ``block_causal`` or ``causal``; :mod:`dlm.kind` refuses a checkpoint of another)."""
 
+    attention = "bidirectional"
     block_model = False
     family_rules = True
     approximate = False  # reuses K/V that a full recompute would change (the caches grid sweeps these)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from dlm import registry
-from dlm.checkpoints import load_model
+from dlm.checkpoints import TOKENIZER_FILES, load_model, model_kind
 from dlm.sample import StepView
 from dlm.spec import Sampler, generate
 from harness.cli import UserError, add_run_args, device_of, dtype_of, reading, run_main, set_threads
@@ -45,6 +45,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_BD3_MODEL = REPO / "results" / "checkpoints" / "bd3lm-arith-16"
 DEFAULT_PROMPT = "Ann has 3 apples. She buys 4 more. How many apples does Ann have?"  # in the embedded model's range
+
+#: how to run a checkpoint of each attention with this command (dlm.kind.ModelKind.bind)
+RUN_AS = {"block_causal": "run it with --policy exact (the block size comes from the model)",
+          "causal": "run it with --policy ar --block-length 1",
+          "bidirectional": "run it with a bidirectional policy, e.g. --policy none (the default)"}
 
 #: on_block(block_index, tokens (B, n)): a block of the answer became final
 BlockHook = Callable[[int, Tensor], None]
@@ -187,6 +192,7 @@ def setup(parser: argparse.ArgumentParser, args) -> Setup:
     set_threads(args.threads)
     device = device_of(args.device)
     dtype = dtype_of(args.dtype, device)
+    kind = None
     if block_model:
         try:
             with reading("--model", args.model or DEFAULT_BD3_MODEL):
@@ -197,12 +203,19 @@ def setup(parser: argparse.ArgumentParser, args) -> Setup:
         try:
             with reading("--model", args.model or DEFAULT_MODEL):
                 (model, tok), size_align = load(args.model, dtype, device), None
+                if args.model is not None or DEFAULT_MODEL.is_dir():
+                    kind = model_kind(args.model or DEFAULT_MODEL)
         except UserError as e:
             parser.error(as_flags(str(e)))
+    if tok is None:
+        parser.error(f"--model {args.model}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): the prompt "
+                     "cannot be encoded")
     try:
         sampler = sampler_from_args(args, block_model=size_align)
         if block_model and "top_p" not in dict(sampler.options):  # BD3-LM proposes from SUBS
             sampler = sampler.with_(top_p=1.0)
+        if kind is not None:
+            kind.bind(sampler, f"--model {args.model or DEFAULT_MODEL}", RUN_AS)
     except ValueError as e:
         parser.error(as_flags(str(e)))
     return Setup(model.to(device), tok, sampler, device)

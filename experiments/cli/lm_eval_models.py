@@ -281,6 +281,11 @@ def fastdllm_sampler(strategy: Optional[str], model_args: dict) -> Sampler:
     return sampler
 
 
+#: how to run a checkpoint of each attention with lm-eval (dlm.kind.ModelKind.bind)
+RUN_AS = {"block_causal": "use --model bd3lm", "causal": "pass strategy=ar in --model_args",
+          "bidirectional": "pass a bidirectional strategy (e.g. strategy=baseline_semiar)"}
+
+
 @register_model("fastdllm")
 class FastDLLMEvalLM(DiffusionEvalLM):
     """Bidirectional model (``dlm.load_model``) decoded by a baseline / Fast-dLLM strategy."""
@@ -290,11 +295,13 @@ class FastDLLMEvalLM(DiffusionEvalLM):
                  device: Optional[str] = None, dtype: str = "auto", seed: int = 0, truncate: str = "no",
                  **sampler) -> None:
         strat = fastdllm_sampler(strategy, sampler)  # validates before loading
-        from dlm.checkpoints import load_model
+        from dlm.checkpoints import load_model, model_kind
 
         dev, dt = _load(pretrained, dtype, device)
         with reading("--model_args pretrained=", pretrained):
             self.model, self.tokenizer = load_model(pretrained, dtype=dt, device=dev)
+            kind = model_kind(pretrained)
+        strat = kind.bind(strat, f"pretrained={pretrained}", RUN_AS)
         if self.tokenizer is None:
             raise ValueError(f"pretrained={pretrained} has no tokenizer files")
         self.bd3 = None

@@ -60,11 +60,13 @@ from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.records import run_config
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
+from dlm.kind import ModelKind
 from dlm.spec import Sampler, resolve_family
 from harness.grids import listing, resolve, sampler_names
 
 DEFAULT_MODEL = REPO / "results" / "checkpoints" / "llada-arith"
 DEFAULT_ARITH_N = 500
+DEFAULT_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,19 @@ class HarnessConfig:
     sort_prompts: bool = False
     compile: bool = False
     bd3_context: Optional[int] = None
+    block_length: Optional[int] = None  # --block-length as given (None: not given)
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """A model with its tokenizer; ``bd3`` is the BD3Config of a block-causal model."""
+    """A model with its tokenizer, the attention it was trained with and the flag that named it;
+    ``bd3`` is the BD3Config of a block-causal model."""
 
     model: torch.nn.Module
     tokenizer: object
     source: str
+    kind: ModelKind
+    flag: str
     bd3: object = None
     weights: Optional[str] = None  # dlm.checkpoints.weights_fingerprint of the checkpoint
 
@@ -125,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="baseline_semiar", metavar="NAME",
                    help="row of the speed-ups (default baseline_semiar)")
     p.add_argument("--gen-length", type=int, default=256, metavar="G", help="generated columns (default 256)")
-    p.add_argument("--block-length", type=int, default=32, metavar="L", help="semi-AR block length (default 32)")
+    p.add_argument("--block-length", type=int, default=None, metavar="L",
+                   help=f"semi-AR block length (default {DEFAULT_BLOCK}; bd3lm: the model's)")
     p.add_argument("--steps", type=int, default=None, metavar="S", help="top-k steps in all (default: G)")
     p.add_argument("--threshold", type=float, default=0.9, metavar="T", help="threshold rule's tau (default 0.9)")
     p.add_argument("--factor", type=float, default=1.0, metavar="F", help="factor rule's f (default 1.0)")
@@ -163,8 +170,8 @@ def parse_config(argv=None) -> HarnessConfig:
         raise ValueError(f"--bd3-model {a.bd3_model!r} is not a checkpoint directory")
     if a.bd3_context is not None and (a.bd3_model is None or a.bd3_context < 1):
         raise ValueError(f"--bd3-context must be >= 1 and needs --bd3-model, got {a.bd3_context}")
-    numbers = dict(gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, threshold=a.threshold,
-                   factor=a.factor, temperature=a.temperature, family=a.family)
+    numbers = dict(gen_length=a.gen_length, block_length=DEFAULT_BLOCK if a.block_length is None else a.block_length,
+                   steps=a.steps, threshold=a.threshold, factor=a.factor, temperature=a.temperature, family=a.family)
     try:  # every strategy is validated here, before any model is loaded
         strategies = tuple(resolve(a.strategies, **numbers))
     except (TypeError, ValueError) as e:  # names the strategy asked for and the flags of its fields
@@ -177,7 +184,7 @@ def parse_config(argv=None) -> HarnessConfig:
     check_out("--out", out)
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
-                         device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context)
+                         device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context, a.block_length)
 
 
 # --------------------------------------------------------------------------------------- data
@@ -215,26 +222,28 @@ def load_shots(cfg: HarnessConfig) -> list[Problem]:
 # ------------------------------------------------------------------------------------- models
 def load_models(cfg: HarnessConfig, strategies, device: torch.device) -> tuple[Optional[Loaded], Optional[Loaded]]:
     """The --model (for baseline / fastdllm strategies) and --bd3-model (for bd3lm) it needs."""
-    from dlm.checkpoints import load_model, weights_fingerprint
+    from dlm.checkpoints import load_model, model_kind, weights_fingerprint
 
     main = bd3 = None
     dtype = dtype_of(cfg.dtype, device)
     if any(not is_bd3(s) for s in strategies):
         with reading("--model", cfg.model):
             model, tok = load_model(cfg.model, dtype=dtype, device=device)
+            kind = model_kind(cfg.model)
         if tok is None:
             raise ValueError(f"--model {cfg.model} has no tokenizer files")
-        main = Loaded(model, tok, repo_relative(cfg.model), weights=weights_fingerprint(cfg.model))
+        main = Loaded(model, tok, repo_relative(cfg.model), kind, "--model", weights=weights_fingerprint(cfg.model))
     if any(is_bd3(s) for s in strategies):
         from bd3lm import BD3LM
 
         with reading("--bd3-model", cfg.bd3_model):
             wrapper, tok = BD3LM.load(cfg.bd3_model, dtype=dtype, device=device)
+            kind = model_kind(cfg.bd3_model)
         if tok is None:
             raise ValueError(f"--bd3-model {cfg.bd3_model} has no tokenizer files")
         if cfg.bd3_context is not None:
             wrapper.model.config = dataclasses.replace(wrapper.model.config, max_seq_len=cfg.bd3_context)
-        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), wrapper.bd3_config,
+        bd3 = Loaded(wrapper.model.eval(), tok, repo_relative(cfg.bd3_model), kind, "--bd3-model", wrapper.bd3_config,
                      weights_fingerprint(cfg.bd3_model))
     return main, bd3
 
@@ -255,12 +264,21 @@ class Job:
     config_hash: str
 
 
+#: how to run a checkpoint of each attention with this harness (dlm.kind.ModelKind.bind)
+RUN_AS = {"block_causal": "pass it as --bd3-model with --strategies bd3lm",
+          "causal": "run it with --strategies ar (or ar_eos, grid autoregressive)",
+          "bidirectional": "run it as --model with a bidirectional strategy (e.g. --strategies table1)"}
+
+
 def make_job(strategy: Sampler, loaded: Loaded, cfg: HarnessConfig, problems, shots) -> Job:
-    if loaded.bd3 is not None:
-        try:
-            strategy = strategy.for_block_model(loaded.bd3.block_size, loaded.bd3.align)
-        except ValueError as e:
-            raise ValueError(f"strategy {strategy.name} on --bd3-model {cfg.bd3_model}: {e}") from None
+    strategy = loaded.kind.bind(strategy, f"{loaded.flag} {loaded.source}", RUN_AS)
+    if is_bd3(strategy) and cfg.block_length not in (None, strategy.block_length):  # an explicit other --block-length
+        what = (f"strategy {strategy.name} decodes in the block size of --bd3-model {loaded.source}, "
+                f"{strategy.block_length} ({loaded.kind.source})")
+        if all(is_bd3(s) for s in cfg.strategies):
+            raise ValueError(f"--block-length {cfg.block_length}: {what}; omit --block-length or pass a "
+                             f"--bd3-model of block size {cfg.block_length}")
+        print(f"note: --block-length {cfg.block_length} is for the other strategies: {what}", file=sys.stderr)
     chat = cfg.chat_template and bool(getattr(loaded.tokenizer, "chat_template", None))
     length, first = max((len(encode_question(loaded.tokenizer, p.question, shots, chat)), p.id) for p in problems)
     check_fits(f"--data {cfg.data}: problem {first} ({cfg.num_fewshot} shots, the longest)", length,
