@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.results import read_numbered
+from dlm.io import stable_json
+from harness.results import atomic_write_text, read_numbered
 from tasks import extract_flexible, extract_strict, is_correct, normalize_number
 
 #: fields every per-sample record has carried since the first harness run (the testbed's and
@@ -156,6 +157,18 @@ def run_config(folder) -> dict:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("strategies", {}), dict):
         raise ValueError(f"{path}: expected a JSON object with a 'strategies' object; {FIX_CONFIG}")  # noqa: TRY004
     return cfg
+
+
+def write_run_config(folder, strategies: dict, baseline: str, sha: str, argv: list) -> None:
+    """Merge ``strategies`` (name -> config hash, config, weights) into ``<folder>/config.json``
+    with the commit ``sha`` and ``argv`` (no checkout paths); unchanged strategies keep the file as
+    it is, with the commit and command that wrote them."""
+    prev = run_config(folder)
+    merged = {**prev.get("strategies", {}), **strategies}
+    if prev and json.dumps(merged, default=str) == json.dumps(prev.get("strategies"), default=str):
+        return
+    meta = {"git_sha": sha, "argv": argv, "baseline": baseline, "strategies": merged}
+    atomic_write_text(Path(folder) / "config.json", stable_json(meta, indent=2, default=str) + "\n")
 
 
 def expected_of(path, required: tuple = CORE, strategy: str | None = None) -> Expected:

@@ -5,9 +5,8 @@
         --tasks gsm8k_local --include_path experiments/cli/lm_eval_tasks --batch_size 8
     python -m experiments.cli.lm_eval_models --model bd3lm --model_args pretrained=BD3_PATH,gen_length=64 ...
 
-This module registers both models and then runs lm-eval's own CLI (``lm_eval`` itself has no
-plugin discovery, so the classes must be imported first; every lm-eval flag works as usual).
-In Python: ``import experiments.cli.lm_eval_models`` and ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
+It registers both models, then runs lm-eval's own CLI (every lm-eval flag works). In Python:
+``import experiments.cli.lm_eval_models``, then ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
 
 generate_until: the prompts of a batch are left padded and decoded by one
 :class:`dlm.spec.Sampler` (``fastdllm``: ``strategy=NAME`` from the grids, or any sampler field
@@ -17,12 +16,10 @@ block-causal cache with the model's block size); the text is cut at the first EO
 first of the request's ``until`` strings. ``gen_length`` is fixed by the model args (the
 request's ``max_gen_toks`` / sampling kwargs are ignored; greedy unless ``temperature``).
 
-Before the first forward every request's prompt is checked (:mod:`harness.prompt_checks`): one
-longer than ``max_seq_len - gen_length`` (loglikelihood: minus the continuation) is refused naming
-the task and doc, unless ``truncate=left``, which keeps its last tokens and warns with the count
-of requests cut; one holding the mask token's text is refused; text the tokenizer cannot
-represent is reported in one line; a few-shot example that is one of the evaluated questions
-(docs with a ``question`` field) is refused.
+Every prompt is checked before the first forward (:mod:`harness.prompt_checks`): too long for
+``max_seq_len`` (refused naming task and doc unless ``truncate=left``: cut, with a warning), the
+mask token's text or a few-shot example that is an evaluated question (refused), text the
+tokenizer cannot represent (reported).
 
 loglikelihood: ``fastdllm`` (bidirectional LLaDA / Dream / native models) uses LLaDA's
 Monte-Carlo ELBO (Nie et al. 2025, eq. 6; their ``get_log_likelihood``): each of ``mc_num``

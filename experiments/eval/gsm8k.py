@@ -57,7 +57,7 @@ from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of,
 from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
                              git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
-from harness.records import run_config
+from harness.records import write_run_config
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
 from dlm.kind import ModelKind
@@ -334,20 +334,6 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
         merge_logs(path, rank_log_paths(path))
 
 
-def write_config(cfg: HarnessConfig, jobs: list[Job], sha: str) -> None:
-    path = cfg.out / "config.json"
-    prev = run_config(cfg.out)
-    strategies = dict(prev.get("strategies", {}))
-    for j in jobs:
-        strategies[j.strategy.name] = {"config_hash": j.config_hash, "config": j.config,
-                                       "model_weights": j.loaded.weights}
-    if prev and json.dumps(strategies, default=str) == json.dumps(prev.get("strategies"), default=str):
-        return  # nothing new: keep the commit and command that wrote these strategies
-    argv = [repo_relative(a) if os.path.isabs(a) else a for a in sys.argv[1:]]  # no checkout paths in results
-    meta = {"git_sha": sha, "argv": argv, "baseline": cfg.baseline, "strategies": strategies}
-    atomic_write_text(path, stable_json(meta, indent=2, default=str) + "\n")
-
-
 def run(cfg: HarnessConfig, clock: Callable[[], float] = time.perf_counter) -> list[str]:
     """Run every strategy of ``cfg`` (resumable) and rebuild the report; returns the strategies run.
 
@@ -386,7 +372,9 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
         check_same_problems(done, problems, path)
     sha = git_sha()
     if info.is_main:
-        write_config(cfg, jobs, sha)
+        write_run_config(cfg.out, {j.strategy.name: {"config_hash": j.config_hash, "config": j.config,
+                                                      "model_weights": j.loaded.weights} for j in jobs},
+                         cfg.baseline, sha, [repo_relative(a) if os.path.isabs(a) else a for a in sys.argv[1:]])
     for j in jobs:
         run_job(j, problems, shots, cfg, info, clock)
     distributed.barrier(info)
