@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlm.io import stable_json
-from harness.results import atomic_write_text, read_numbered
+from harness.results import atomic_write_text, read_numbered, repo_relative
 from tasks import extract_flexible, extract_strict, is_correct, normalize_number
 
 #: fields every per-sample record has carried since the first harness run (the testbed's and
@@ -161,12 +162,14 @@ def run_config(folder) -> dict:
 
 def write_run_config(folder, strategies: dict, baseline: str, sha: str, argv: list) -> None:
     """Merge ``strategies`` (name -> config hash, config, weights) into ``<folder>/config.json``
-    with the commit ``sha`` and ``argv`` (no checkout paths); unchanged strategies keep the file as
-    it is, with the commit and command that wrote them."""
+    with the commit ``sha`` and the command's ``argv`` (absolute paths inside the checkout made
+    relative: results carry no machine's paths); unchanged strategies keep the file as it is, with
+    the commit and command that wrote them."""
     prev = run_config(folder)
     merged = {**prev.get("strategies", {}), **strategies}
     if prev and json.dumps(merged, default=str) == json.dumps(prev.get("strategies"), default=str):
         return
+    argv = [repo_relative(a) if os.path.isabs(a) else a for a in argv]
     meta = {"git_sha": sha, "argv": argv, "baseline": baseline, "strategies": merged}
     atomic_write_text(Path(folder) / "config.json", stable_json(meta, indent=2, default=str) + "\n")
 

@@ -4,6 +4,7 @@ writer per results folder, resumes over edited data refused, ``--dtype auto`` ha
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -84,11 +85,12 @@ def test_dtype_auto_is_hashed_as_the_dtype_it_resolves_to(ckpt, tmp_path):
 def test_config_records_checkout_paths_relative(ckpt, tmp_path, monkeypatch):
     """An absolute path inside the checkout is recorded relative to it (results carry no machine's
     paths); one outside it stays as given."""
+    from harness.records import write_run_config
     from harness.results import REPO
 
     inside = REPO / "results" / "checkpoints" / "llada-arith"
     monkeypatch.setattr("sys.argv", ["gsm8k", "--model", str(inside), "--out", str(tmp_path / "o"), "--limit", "4"])
     cfg = gsm8k.parse_config(argv(ckpt, tmp_path / "o", "--strategies", "baseline_semiar"))
-    gsm8k.write_config(cfg, [], "abc")
+    write_run_config(cfg.out, {}, cfg.baseline, "abc", sys.argv[1:])
     got = json.loads((tmp_path / "o" / "config.json").read_text())["argv"]
     assert got[:2] == ["--model", "results/checkpoints/llada-arith"] and got[3] == str(tmp_path / "o")

@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -49,12 +47,11 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from dlm.io import stable_json
 from dlm import distributed
 from tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
 from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of, dtype_of, flags_of, in_flags,
                          parser, reading, run_main, set_threads, writing_to)
-from harness.results import (REPO, JsonlLog, arith_config_of, atomic_write_text, config_hash, encode_question,
+from harness.results import (REPO, JsonlLog, arith_config_of, config_hash, encode_question,
                              git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.records import write_run_config
@@ -374,7 +371,7 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
     if info.is_main:
         write_run_config(cfg.out, {j.strategy.name: {"config_hash": j.config_hash, "config": j.config,
                                                       "model_weights": j.loaded.weights} for j in jobs},
-                         cfg.baseline, sha, [repo_relative(a) if os.path.isabs(a) else a for a in sys.argv[1:]])
+                         cfg.baseline, sha, sys.argv[1:])
     for j in jobs:
         run_job(j, problems, shots, cfg, info, clock)
     distributed.barrier(info)
