@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import registry
+from .registry import get as registered
 
 BD3_FILE = "bd3lm.json"
 BD3_KEY = "bd3lm"
@@ -57,7 +57,7 @@ class ModelKind:
     def bind(self, sampler, model: str, hints: Mapping[str, str]):
         """``sampler`` on this model (a block-causal model's block size and alignment set), or a
         ValueError naming ``model``, both attentions and ``hints[self.attention]`` (how to run it)."""
-        needs = registry.get("policy", sampler.policy).attention
+        needs = registered("policy", sampler.policy).attention
         if needs != self.attention:
             hint = hints.get(self.attention)
             raise ValueError(f"{model} is a {self.describe()}, but strategy {sampler.name} (policy "
