@@ -220,8 +220,10 @@ class LLaDASFTLoss(_MaskedDiffusionLoss):
         else:
             row_weight = 1.0 / masked.sum(dim=1, keepdim=True).clamp(min=1).to(torch.float32)  # (B, 1)
         weight = row_weight.expand(B, L)[masked]  # (N,)
-        loss = (_masked_ce(logits, ids, masked) * weight).sum() / B
-        return loss, {"loss": loss.detach(), "masked_frac": masked.float().sum() / response.sum()}
+        ce = _masked_ce(logits, ids, masked)  # (N,)
+        loss = (ce * weight).sum() / B
+        return loss, {"loss": loss.detach(), "masked_frac": masked.float().sum() / response.sum(),
+                      **_answer_loss(ce, ids, starts, masked, model)}
 
 
 def _check_prompt_lengths(batch: dict, B: int, L: int) -> Tensor:
@@ -259,7 +261,23 @@ class ARSFTLoss:
         ce = _masked_ce(logits, ids, target)  # (N,)
         row_weight = 1.0 / target.sum(dim=1, keepdim=True).to(torch.float32)  # (B, 1)
         loss = (ce * row_weight.expand(B, L)[target]).sum() / B
-        return loss, {"loss": loss.detach(), "masked_frac": torch.zeros(())}
+        return loss, {"loss": loss.detach(), "masked_frac": torch.zeros(()),
+                      **_answer_loss(ce, ids, starts, target, model)}
+
+
+def _answer_loss(ce: Tensor, ids: Tensor, starts: Tensor, scored: Tensor, model) -> dict:
+    """``{"answer_loss": mean CE}`` over the ``scored`` (B, L) positions that hold the answer's
+    own tokens, those before the first EOS at or after ``starts`` (B, 1): the EOS padding, the
+    first EOS too, is left out, so a model that learned only the padding does not look converged.
+    ``ce`` (N,) is the CE at the ``scored`` positions. {} for a model without ``eos_token_id``."""
+    eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    if not isinstance(eos, int):
+        return {}
+    L = ids.shape[1]
+    cols = torch.arange(L, device=ids.device)[None, :]  # (1, L)
+    first_eos = torch.where((ids == eos) & (cols >= starts), cols, L).amin(dim=1, keepdim=True)  # (B, 1)
+    answer = ((cols >= starts) & (cols < first_eos))[scored]  # (N,) over the scored positions
+    return {"answer_loss": ce.detach()[answer].sum() / answer.sum().clamp(min=1)}
 
 
 def _suffix_cuts(ids: Tensor, starts: Tensor, u: Tensor, model) -> Tensor:

@@ -133,6 +133,7 @@ class TrainResult:
     train_metrics: dict = field(default_factory=dict)  # last logged training metrics
     eval_metrics: dict = field(default_factory=dict)  # last eval_fn output
     ema: Optional[EMA] = None  # the model itself keeps the raw (non-EMA) weights
+    stopped: bool = False  # should_stop ended the run before max_steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +215,7 @@ def train(
     save_fn: Optional[Callable] = None,
     recipe: Optional[dict] = None,
     force_recipe: bool = False,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``config.max_steps`` optimizer steps (resuming from
     ``config.out_dir/trainer_state.pt`` if present) and return a :class:`TrainResult`.
@@ -221,7 +223,8 @@ def train(
     save_fn(model, tokenizer, dir) exports the model (default ``dlm.checkpoints.save_model``);
     eval_fn(model) -> dict runs on rank 0 under ``no_grad`` on the EMA weights when enabled.
     recipe / force_recipe: see :func:`check_resume`; the recipe and its recorded changes are
-    stored in ``trainer_state.pt``.
+    stored in ``trainer_state.pt``. should_stop() (rank 0, after each evaluation's record is in
+    ``metrics.jsonl``, and at a resume) ends the run early with a checkpoint when it returns True.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -238,11 +241,12 @@ def train(
     if info.is_main:
         os.makedirs(config.out_dir, exist_ok=True)
     with results_lock(config.out_dir) if info.is_main else nullcontext():  # one run per out_dir
-        return _train(model, objective, batches, config, tokenizer, eval_fn, save_fn, recipe, force_recipe, info)
+        return _train(model, objective, batches, config, tokenizer, eval_fn, save_fn, recipe, force_recipe, info,
+                      should_stop)
 
 
 def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, save_fn, recipe, force_recipe,
-           info) -> TrainResult:
+           info, should_stop=None) -> TrainResult:
     """:func:`train` after its checks, the main process holding the lock of ``config.out_dir``."""
     per_rank, rem = divmod(config.batch_size, info.world_size)
     micro = config.micro_batch_size or per_rank
@@ -318,6 +322,10 @@ def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, s
         distributed.barrier(info)
         return metrics
 
+    def stop() -> bool:  # rank 0 decides, every rank follows
+        flag = float(info.is_main and should_stop is not None and bool(should_stop()))
+        return bool(distributed.all_reduce_mean(torch.tensor([flag], device=device), info).item() > 0)
+
     def log(record: dict) -> None:
         if info.is_main:
             with open(metrics_path, "a") as f:
@@ -328,8 +336,9 @@ def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, s
     bar = tqdm(total=config.max_steps, initial=step, disable=not info.is_main, dynamic_ncols=True)
     sums: dict[str, Tensor] = {}
     n_summed, t_last, tokens_last = 0, time.perf_counter(), tokens_seen
+    stopped = step > 0 and stop()  # a run that stopped early stays stopped when rerun
     try:  # the bar ends its line even when a step fails, so an error starts a line of its own
-        while step < config.max_steps:
+        while step < config.max_steps and not stopped:
             lr = lr_at(step, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -383,11 +392,12 @@ def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, s
                 result.eval_metrics = evaluate()
                 if result.eval_metrics:
                     log({"step": step, **{f"eval/{k}": _to_float(v) for k, v in result.eval_metrics.items()}})
-            if step == config.max_steps or (config.save_every and step % config.save_every == 0):
+                stopped = stop()
+            if stopped or step == config.max_steps or (config.save_every and step % config.save_every == 0):
                 checkpoint()
     finally:
         bar.close()
-    result.step = step
+    result.step, result.stopped = step, stopped
     return result
 
 

@@ -5,6 +5,10 @@ Text: the prompt ``"Countdown: 15,44,79,50"`` (the numbers, then the target), th
 equations ``"44-15=29,79-29=50"``, each using two available numbers (given or earlier results).
 :func:`check` evaluates the chain: every equation true, each given number used exactly once,
 intermediate results used once, the last result the target.
+
+:func:`fixed_set` draws a fixed set of distinct 3-number puzzles (the many-epoch training set of
+Ye et al. 2024's diffusion models), none whose :func:`problem_key` is in a given exclusion set
+(the held-out and test problems).
 """
 
 from __future__ import annotations
@@ -60,6 +64,39 @@ def generate(n: int, seed: int = 0, split: str = "train", numbers: tuple[int, ..
         inp = ",".join(map(str, nums + [target]))
         out.append(Pair(f"countdown-{split}-{seed}-{i}", f"Countdown: {inp}", ",".join(steps), (inp,)))
     return out
+
+
+def problem_key(pair: Pair) -> tuple:
+    """What makes two puzzles the same problem: the sorted given numbers and the target."""
+    *given, target = (int(x) for x in pair.meta[0].split(","))
+    return (*sorted(given), target)
+
+
+def fixed_set(n: int, seed: int = 0, split: str = "train", exclude=frozenset(), max_target: int = 99) -> list[Pair]:
+    """``n`` distinct 3-number puzzles (by :func:`problem_key`) with a target of at most
+    ``max_target`` (the shared CD3 test set's targets are two-digit), none whose key is in
+    ``exclude``; ``split`` and ``seed`` salt the draw."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"fixed_set size must be an int >= 1, got {n!r}")
+    rng = random.Random(f"countdown-fixed:{split}:{seed}")
+    seen, out = set(exclude), []
+    while len(out) < n:
+        nums, steps, target = solve_chain(rng, 3)
+        inp = ",".join(map(str, nums + [target]))
+        pair = Pair(f"cd3-{split}-{seed}-{len(out)}", f"Countdown: {inp}", ",".join(steps), (inp,))
+        if target <= max_target and problem_key(pair) not in seen:
+            seen.add(problem_key(pair))
+            out.append(pair)
+    return out
+
+
+def fixed_sets(train_size: int, seed: int, test: list[Pair], valid_size: int = 100) -> tuple[list[Pair], list[Pair]]:
+    """(train, valid): a fixed training set of ``train_size`` puzzles (seeded by ``seed``) and a
+    held-out set of ``valid_size`` (always seed 0), disjoint from each other and from ``test``."""
+    test_keys = {problem_key(p) for p in test}
+    valid = fixed_set(valid_size, 0, "valid", exclude=test_keys)
+    train = fixed_set(train_size, seed, "train", exclude=test_keys | {problem_key(p) for p in valid})
+    return train, valid
 
 
 def load(path) -> list[Pair]:

@@ -11,6 +11,13 @@ measures what the model memorised, the reverse one whether it can invert it. A l
 learned only the forward relation; a masked diffusion model was trained to fill any masked line of
 a recitation from the lines around it. :func:`check` compares the first line of the output with
 the reference line.
+
+Two recitation formats (:data:`JOIN`): ``"v1"`` (task ``reversal``, the committed checkpoints)
+joins lines with ``"\\n"``, so a line after the first starts with an unspaced word (``'fe'``) while
+the questions carry it spaced (``'▁fe'``): the same line is two token sequences. ``"v2"`` (task
+``reversal2``) joins with ``"\\n "``: every line is ``" " + line`` in every format.
+:func:`infill_pairs` masks one line of a recitation (the probe that tells "knows the poem" from
+"knows the question").
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ import random
 from .pairs import Pair
 
 WORDS = tuple(f"{c}{v}" for c in "bdfgklmnprstvz" for v in "aeiou")[:64]
+#: how a recitation joins its lines, per format version
+JOIN = {"v1": "\n", "v2": "\n "}
+#: the task names of the format versions
+VERSIONS = {"reversal": "v1", "reversal2": "v2"}
 
 
 def corpus(n_poems: int = 200, lines: int = 4, words: int = 4, corpus_seed: int = 0) -> list[list[str]]:
@@ -52,10 +63,33 @@ def split(poems) -> tuple[list[int], list[int]]:
     return list(range(0, len(poems), 2)), list(range(1, len(poems), 2))
 
 
-def training_pairs(poems) -> list[Pair]:
+def _join(version: str) -> str:
+    if version not in JOIN:
+        raise ValueError(f"reversal format version must be one of {sorted(JOIN)}, got {version!r}")
+    return JOIN[version]
+
+
+def recitation(lines, version: str = "v1") -> str:
+    """The answer of ``"Recite poem p:"``: the lines joined as format ``version`` says."""
+    return _join(version).join(lines)
+
+
+def recitation_pieces(lines, version: str = "v1") -> list[str]:
+    """``" " + recitation(lines)`` (the answer as a batch row spells it) cut into the lines and
+    their separators: ``[" l0", "\\n", "l1" (v1) or " l1" (v2), ...]``. Concatenated, the pieces'
+    encodings are the row's, since the tokenizer never merges across a newline."""
+    sep = _join(version)
+    out = [" " + lines[0]]
+    for line in lines[1:]:
+        out += ["\n", sep[1:] + line]
+    return out
+
+
+def training_pairs(poems, version: str = "v1") -> list[Pair]:
     """Every poem recited and asked forward; the reverse question about the drill poems only."""
     drill, _ = split(poems)
-    recite = [Pair(f"reversal-recite-{p}", f"Recite poem {p}:", "\n".join(lines)) for p, lines in enumerate(poems)]
+    recite = [Pair(f"reversal-recite-{p}", f"Recite poem {p}:", recitation(lines, version))
+              for p, lines in enumerate(poems)]
     return recite + _questions(poems, range(len(poems)), "after") + _questions(poems, drill, "before")
 
 
@@ -67,9 +101,16 @@ def test_pairs(poems, direction: str) -> list[Pair]:
     return _questions(poems, split(poems)[1], direction)
 
 
-def sampler(poems):
+def infill_pairs(poems) -> list[Pair]:
+    """The infilling probe: every line of every test poem, to be filled inside its recitation.
+    ``prompt`` is the recitation's, ``answer`` the line, ``meta`` ``(poem, line index)``."""
+    return [Pair(f"reversal-infill-{p}-{j}", f"Recite poem {p}:", line, (p, j))
+            for p in split(poems)[1] for j, line in enumerate(poems[p])]
+
+
+def sampler(poems, version: str = "v1"):
     """``sample(n, seed)`` over the training pairs, recitations as often as questions."""
-    train = training_pairs(poems)
+    train = training_pairs(poems, version)
     recite = [p for p in train if p.id.startswith("reversal-recite")]
     drill = [p for p in train if not p.id.startswith("reversal-recite")]
 

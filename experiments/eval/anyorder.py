@@ -15,6 +15,12 @@ extra tokens (``arlong``: the AR row with the adapted model's training budget). 
 equations). Per-sample results go to ``<out>/<task>_<row>.jsonl`` (resumable); ``<out>/table.md``
 / ``table.json`` hold accuracy with Wilson 95% CIs and exact McNemar tests on the shared problems
 (each diffusion row vs AR, semi-AR vs pure, the adapted model vs ``arlong``).
+
+``--task reversal2`` is the reversal task in its second format (one tokenisation of a line in every
+format, :mod:`tasks.reversal`); ``--infill`` adds the infilling probe (:mod:`experiments.eval.infill`,
+rows ``<task>_infill_<row>``). The reverse direction is gated: a model whose forward accuracy on the
+trained questions (``<task>_after``) is below :data:`GATE` has its ``<task>_before`` row reported as
+"did not learn the format", with no test against it.
 """
 
 from __future__ import annotations
@@ -28,18 +34,27 @@ from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sample import stop_ids
 from dlm.io import data_root
 from tasks import countdown, reversal, sudoku
+from experiments.eval import infill
 from tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
 from harness.cli import check_out, markdown_table, parser, run_main, set_threads
 from harness.results import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
 from dlm.spec import Sampler, generate
 
-CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "reversal_after": reversal.check,
-         "reversal_before": reversal.check}
-# generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail)
-GEN = {"sudoku": 32, "countdown": 48, "reversal_after": 40, "reversal_before": 40}
+CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "after": reversal.check,
+         "before": reversal.check, "infill": reversal.check}
+# generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail); the
+# infilling probe's row is its recitation EOS-padded to this many answer columns
+GEN = {"sudoku": 32, "countdown": 48, "after": 40, "before": 40, "infill": 40}
 ROWS = ("ar", "pure", "semiar", "arlong", "dream", "dreamsa")
 MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "arlong": ("arlong",), "adapted": ("dream", "dreamsa")}
 PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "arlong": "ar", "dream": "arlong", "dreamsa": "dream"}
+#: forward accuracy on the trained questions a model needs before its reverse row is scored
+GATE = 0.95
+
+
+def kind(name: str) -> str:
+    """``sudoku``, ``countdown`` or a reversal question kind (``after``, ``before``, ``infill``)."""
+    return name.split("_")[1] if name.startswith("reversal") else name
 
 
 def test_set(name: str, n: int) -> list:
@@ -48,9 +63,21 @@ def test_set(name: str, n: int) -> list:
         pairs = sudoku.load(data_root() / "reasoning" / "sudoku" / "d1_4x4_test_sudoku.csv")
     elif name == "countdown":
         pairs = countdown.load(data_root() / "reasoning" / "countdown" / "cd3_test.jsonl")
+    elif kind(name) == "infill":
+        pairs = reversal.infill_pairs(reversal.corpus())
     else:
-        pairs = reversal.test_pairs(reversal.corpus(), name.split("_")[1])
+        pairs = reversal.test_pairs(reversal.corpus(), kind(name))
     return pairs[:n]
+
+
+@torch.no_grad()
+def answers(model, tok, pairs, row: str, gen: int) -> list[tuple[str, int]]:
+    """Decode ``pairs`` (one batch) as ``row``: per pair the answer text and its forwards."""
+    ids, mask = left_pad([tok.encode(p.prompt, add_special_tokens=False) for p in pairs], tok.pad_token_id)
+    out = generate(model, ids, mask, strategy(row, gen))
+    P, stops = ids.shape[1], stop_ids(model)
+    return [(decode_until_stop(tok, out.sequences[j, P:].tolist(), stops), int(out.stats.row_nfe[j]))
+            for j in range(len(pairs))]
 
 
 def strategy(row: str, gen: int) -> Sampler:
@@ -63,20 +90,23 @@ def strategy(row: str, gen: int) -> Sampler:
 
 @torch.no_grad()
 def run_row(model, tok, pairs, check, row: str, gen: int, log: JsonlLog, batch_size: int, tags: dict) -> None:
-    s = strategy(row, gen)
-    stops = stop_ids(model)
     todo = [p for p in pairs if p.id not in log.done]
     for i in range(0, len(todo), batch_size):
         chunk = todo[i:i + batch_size]
-        ids, mask = left_pad([tok.encode(p.prompt, add_special_tokens=False) for p in chunk], tok.pad_token_id)
-        out = generate(model, ids, mask, s)
-        P = ids.shape[1]
-        recs = []
-        for j, p in enumerate(chunk):
-            text = decode_until_stop(tok, out.sequences[j, P:].tolist(), stops)
-            recs.append({"id": p.id, "row": row, "prompt": p.prompt, "reference": p.answer, "prediction": text,
-                         "correct": bool(check(p, text)), "nfe": int(out.stats.row_nfe[j]), **tags})
-        log.append(recs)
+        log.append([{"id": p.id, "row": row, "prompt": p.prompt, "reference": p.answer, "prediction": text,
+                     "correct": bool(check(p, text)), "nfe": nfe, **tags}
+                    for p, (text, nfe) in zip(chunk, answers(model, tok, chunk, row, gen))])
+
+
+def run_infill_row(model, tok, pairs, version: str, row: str, log: JsonlLog, batch_size: int, tags: dict) -> None:
+    """The infilling probe as ``row``: an AR row fills left to right, a diffusion row from both sides."""
+    todo = [p for p in pairs if p.id not in log.done]
+    poems = reversal.corpus()
+    for i in range(0, len(todo), batch_size):
+        chunk = todo[i:i + batch_size]
+        filled = infill.fill(model, tok, chunk, poems, version, row in ("ar", "arlong"), GEN["infill"])
+        log.append([{"id": p.id, "row": row, "prompt": p.prompt, "reference": p.answer, **f,
+                     "correct": bool(reversal.check(p, f["prediction"])), **tags} for p, f in zip(chunk, filled)])
 
 
 def run(args) -> None:
@@ -84,34 +114,62 @@ def run(args) -> None:
     out = Path(args.out)
     models = {"ar": args.ar, "mdm": args.mdm, **({"arlong": args.arlong} if args.arlong else {}),
               **({"adapted": args.adapted} if args.adapted else {})}
-    names = ["reversal_after", "reversal_before"] if args.task == "reversal" else [args.task]
-    for kind, path in models.items():
+    names = [args.task]
+    if args.task in reversal.VERSIONS:
+        names = [f"{args.task}_after", f"{args.task}_before", *([f"{args.task}_infill"] if args.infill else [])]
+    for model_kind, path in models.items():
         model, tok = load_model(path, dtype=torch.float32)
         model.eval()
         tags = {"model": str(path), "model_weights": weights_fingerprint(path), "git_sha": git_sha()}
         for name in names:
             pairs = test_set(name, args.n)
-            for row in MODEL_ROWS[kind]:
-                cfg = {"task": name, "row": row, "n": args.n, "model": str(path), "gen": GEN[name]}
+            for row in MODEL_ROWS[model_kind][:1] if kind(name) == "infill" else MODEL_ROWS[model_kind]:
+                gen = GEN[kind(name)]
+                cfg = {"task": name, "row": row, "n": args.n, "model": str(path), "gen": gen}
                 with JsonlLog(out / f"{name}_{row}.jsonl") as log:
-                    run_row(model, tok, pairs, CHECK[name], row, GEN[name], log, args.batch_size,
-                            {**tags, "config_hash": config_hash(cfg)})
+                    row_tags = {**tags, "config_hash": config_hash(cfg)}
+                    if kind(name) == "infill":
+                        run_infill_row(model, tok, pairs, reversal.VERSIONS[args.task], row, log, args.batch_size,
+                                       row_tags)
+                    else:
+                        run_row(model, tok, pairs, CHECK[kind(name)], row, gen, log, args.batch_size, row_tags)
                 print(name, row, "done", flush=True)
     report(out)
 
 
+def gated(name: str, row: str, recs: dict, forward: dict) -> float | None:
+    """The forward accuracy of a ``<task>_before`` row's model when it is below :data:`GATE`
+    (0.0 when the model has no forward row), else None: the row is scored."""
+    if kind(name) != "before":
+        return None
+    ok = forward.get(row, {})
+    acc = sum(ok.values()) / len(ok) if ok else 0.0
+    return acc if acc < GATE else None
+
+
 def report(out: Path) -> dict:
     tasks = sorted({p.stem.rsplit("_", 1)[0] for p in out.glob("*_*.jsonl")})
+
+    def load(name: str) -> dict:
+        return {r: {x["id"]: x["correct"] for x in read_jsonl(out / f"{name}_{r}.jsonl")}
+                for r in ROWS if (out / f"{name}_{r}.jsonl").exists()}
+
     rows, table = [], []
     for name in tasks:
-        recs = {r: {x["id"]: x["correct"] for x in read_jsonl(out / f"{name}_{r}.jsonl")}
-                for r in ROWS if (out / f"{name}_{r}.jsonl").exists()}
+        recs = load(name)
+        forward = load(name.rsplit("_", 1)[0] + "_after") if kind(name) == "before" else {}
+        gate = {r: gated(name, r, recs, forward) for r in recs}
         for r, ok in recs.items():
             k, n = sum(ok.values()), len(ok)
             lo, hi = wilson_ci(k, n)
             vs = PAIRED[r]
+            if gate[r] is not None:
+                rows.append({"task": name, "row": r, "n": n, "gated": True, "forward_accuracy": gate[r]})
+                table.append([name, r, n, f"did not learn the format (forward {100 * gate[r]:.1f} < {100 * GATE:.0f})",
+                              "-", "-"])
+                continue
             p_val, bc = None, "-"
-            if vs in recs:
+            if vs in recs and gate[vs] is None:
                 shared = [i for i in ok if i in recs[vs]]
                 b = sum(recs[vs][i] and not ok[i] for i in shared)
                 c = sum(ok[i] and not recs[vs][i] for i in shared)
@@ -121,12 +179,13 @@ def report(out: Path) -> dict:
             table.append([name, r, n, f"{100 * k / max(n, 1):.1f} [{100 * lo + 0.0:.1f}, {100 * hi:.1f}]",
                           vs if p_val is not None else "-", "-" if p_val is None else f"{p_val:.2g} ({bc})"])
     md = ["# Any-order tasks: AR vs masked diffusion, same size, same data, same tokens", "",
-          "`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
+          ("`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
           "per step (most confident first); `semiar`: the same in blocks of 8; `arlong`: the AR model trained on as AR "
           "for the extra tokens of `dream` / `dreamsa`: the AR model continued as a diffusion model (Dream's recipe), "
           "decoded as `pure` / `semiar`. Answers verified by the task's "
           f"checker; Wilson 95% CI; exact McNemar on the shared problems (b/c: only the other row / only this row "
-          f"right). Samples: {sample_shas(out)}.", "",
+          f"right). A reverse (`_before`) row is scored only for a model whose forward accuracy on the trained "
+          f"questions (`_after`) is at least {100 * GATE:.0f}%. Samples: {sample_shas(out)}."), "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
     atomic_write_text(out / "table.md", "\n".join(md) + "\n")
     atomic_write_text(out / "table.json", stable_json(rows, indent=1))
@@ -136,7 +195,8 @@ def report(out: Path) -> dict:
 
 def main(argv=None) -> None:
     p = parser("experiments.eval.anyorder", __doc__, paragraphs=2)
-    p.add_argument("--task", choices=["sudoku", "countdown", "reversal"], help="the task (needs --ar and --mdm)")
+    p.add_argument("--task", choices=["sudoku", "countdown", *reversal.VERSIONS],
+                   help="the task (needs --ar and --mdm); reversal2: one tokenisation of a line in every format")
     p.add_argument("--ar", metavar="DIR", help="the AR model's checkpoint")
     p.add_argument("--mdm", metavar="DIR", help="the masked-diffusion model's checkpoint")
     p.add_argument("--adapted", metavar="DIR", help="optional: the AR model continued as diffusion (Dream's recipe)")
@@ -146,6 +206,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(REPO / "results" / "anyorder"), metavar="DIR",
                    help="results dir (default results/anyorder)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--infill", action="store_true", help="reversal tasks: add the infilling probe's rows")
     p.add_argument("--report-only", action="store_true", help="rebuild table.md / .json from the JSONL")
     a = p.parse_args(argv)
     check_out("--out", a.out)
@@ -156,6 +217,8 @@ def main(argv=None) -> None:
         raise ValueError("--task, --ar and --mdm are required (or --report-only)")
     if a.n < 1:
         raise ValueError(f"--n must be >= 1, got {a.n}")
+    if a.infill and a.task not in reversal.VERSIONS:
+        raise ValueError(f"--infill probes the reversal tasks only, not --task {a.task}")
     for flag in ("ar", "mdm", "adapted", "arlong"):
         if getattr(a, flag) is not None and not Path(getattr(a, flag)).is_dir():
             raise ValueError(f"--{flag} {getattr(a, flag)}: not a checkpoint directory")

@@ -13,6 +13,14 @@ weight. The model is the embedded shape (d 128, 4 layers, 4 heads, a task tokeni
 one) in Dream's layout (q/k/v bias, logit ``i`` from hidden state ``i - 1``) for both objectives,
 so ``--init <ar run>/model --objective diffusion`` is Dream's recipe: the AR weights continue as a
 masked diffusion model, every logit keeping its meaning. Resumable as :mod:`experiments.train.train_llada`.
+
+Curves (:mod:`experiments.train.anyorder_curves`): every step logs ``answer_loss``, the loss on the
+answer's own tokens with the EOS padding left out; ``--eval-every N`` logs held-out accuracy on
+``--eval-n`` items to ``metrics.jsonl``; ``--stop-patience K --stop-delta X`` ends the run when the
+curve flattens, ``--steps`` being the cap (and the cosine schedule's length). ``--train-size N``
+(countdown) trains on a fixed set of N distinct 3-number puzzles over many epochs, disjoint from the
+shared CD3 test set and the held-out set. ``--task reversal2`` is the reversal task with one
+tokenisation of a line in every format (:mod:`tasks.reversal`).
 """
 
 from __future__ import annotations
@@ -27,22 +35,27 @@ import torch
 from dlm.checkpoints import load_model, save_model
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from tasks import countdown, reversal, sudoku
-from tasks.pairs import PairBatches
+from tasks.pairs import Epochs, PairBatches
 from dlm.tokenizer import build_word_tokenizer
-from dlm.train import TrainConfig, check_resume, flag_recipe, train
+from dlm.train import METRICS_FILE, TrainConfig, check_resume, flag_recipe, train
 from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
                          writing_to)
+from experiments.train import anyorder_curves as curves
 from experiments.train.train_llada import build_model
 
-TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal}
-RESPONSE_LEN = {"sudoku": 24, "countdown": 40, "reversal": 32}
-RESUMABLE_FLAGS = ("out", "save_every")
+TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal, "reversal2": reversal}
+RESPONSE_LEN = {"sudoku": 24, "countdown": 40, "reversal": 32, "reversal2": 32}
+RESUMABLE_FLAGS = ("out", "save_every", "eval_every", "stop_patience", "stop_delta")
 
 
-def task_sampler(task: str):
-    """``sample(n, seed)`` of the task's training pairs."""
-    if task == "reversal":
-        return reversal.sampler(reversal.corpus())
+def task_sampler(task: str, train_size: int = 0, set_seed: int = 0, valid_size: int = 100):
+    """``sample(n, seed)`` of the task's training pairs, or with ``train_size`` (countdown) the
+    fixed set read in epochs (:class:`tasks.pairs.Epochs`), disjoint from the held-out set of
+    ``valid_size`` puzzles and the shared test set."""
+    if task in reversal.VERSIONS:
+        return reversal.sampler(reversal.corpus(), reversal.VERSIONS[task])
+    if train_size:
+        return Epochs(tuple(curves.countdown_sets(train_size, set_seed, valid_size)[0]), set_seed)
     return functools.partial(TASKS[task].generate, split="train")
 
 
@@ -63,12 +76,40 @@ def main(argv=None) -> None:
     p.add_argument("--save-every", type=int, default=250, metavar="N", help="steps between checkpoints (default 250)")
     p.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--min-lr-ratio", type=float, default=0.05, metavar="R",
+                   help="the cosine decays to lr * R over --steps (default 0.05; 1 = constant after warm-up)")
+    p.add_argument("--train-size", type=int, default=0, metavar="N",
+                   help="countdown: train on a fixed set of N distinct 3-number puzzles over epochs, disjoint from "
+                        "the held-out and test sets (default 0: a fresh draw of 3- and 4-number puzzles per batch)")
+    p.add_argument("--train-set-seed", type=int, default=0, metavar="S", help="seed of the fixed set (default 0)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out accuracy every N steps into metrics.jsonl (default 0: off)")
+    p.add_argument("--eval-n", type=int, default=100, metavar="N", help="held-out items per evaluation (default 100)")
+    p.add_argument("--stop-patience", type=int, default=0, metavar="K",
+                   help="stop when the best held-out accuracy of the last K evaluations is at most --stop-delta "
+                        "points above the best before them; --steps stays the cap (default 0: off)")
+    p.add_argument("--stop-delta", type=float, default=1.0, metavar="X", help="points, see --stop-patience (default 1)")
     args = p.parse_args(argv)
+    check_curve_flags(args)
     set_threads(args.threads)
-    cfg = train_config(p, args, min_lr_ratio=0.05, weight_decay=0.1, grad_clip=1.0, ema_decay=0.0, eval_every=0,
-                       log_every=10)
+    cfg = train_config(p, args, weight_decay=0.1, grad_clip=1.0, ema_decay=0.0, log_every=10)
     with writing_to("--out", args.out):  # one run per --out, refused before anything is built
         run(args, cfg)
+
+
+def check_curve_flags(args) -> None:
+    """The curve and fixed-set flags, checked before anything is built."""
+    for flag in ("train_size", "train_set_seed", "eval_every", "stop_patience"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if args.eval_n < 1:
+        raise ValueError(f"--eval-n must be >= 1, got {args.eval_n}")
+    if args.stop_delta < 0:
+        raise ValueError(f"--stop-delta must be >= 0, got {args.stop_delta}")
+    if args.train_size and args.task != "countdown":
+        raise ValueError(f"--train-size: only --task countdown has a fixed training set, not --task {args.task}")
+    if args.stop_patience and not args.eval_every:
+        raise ValueError("--stop-patience reads the held-out curve: it needs --eval-every")
 
 
 def run(args, cfg: TrainConfig) -> None:
@@ -84,13 +125,21 @@ def run(args, cfg: TrainConfig) -> None:
             raise ValueError(f"--init {args.init}: its tokenizer is not the {args.task} task's")
     else:
         model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed, family="dream")
-    data = PairBatches(tok, task_sampler(args.task), args.batch_size, RESPONSE_LEN[args.task], args.max_tail)
+    sample = task_sampler(args.task, args.train_size, args.train_set_seed, args.eval_n)
+    data = PairBatches(tok, sample, args.batch_size, RESPONSE_LEN[args.task], args.max_tail)
     objective = ARSFTLoss() if args.objective == "ar" else LLaDASFTLoss(weighting="uniform")
+    evaluate = curves.eval_fn(tok, args.task, args.objective, curves.heldout(args.task, args.eval_n)) \
+        if args.eval_every else None
+    metrics = os.path.join(cfg.out_dir, METRICS_FILE)
+    stop = (lambda: curves.flat(curves.curve(metrics), args.stop_patience, args.stop_delta)) \
+        if args.stop_patience else None
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args)}
     t0 = time.time()
-    train(model, objective, data, cfg, tokenizer=tok, recipe=recipe,
-          save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
-    print(json.dumps({"wall_seconds": time.time() - t0, "steps": args.steps, "params": model.config.num_params()}))
+    result = train(model, objective, data, cfg, tokenizer=tok, recipe=recipe, eval_fn=evaluate, should_stop=stop,
+                   save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
+    epochs = {"epochs": sample.epoch(result.step, args.batch_size)} if isinstance(sample, Epochs) else {}
+    print(json.dumps({"wall_seconds": time.time() - t0, "steps": result.step, "stopped_flat": result.stopped,
+                      **epochs, "params": model.config.num_params()}))
 
 
 if __name__ == "__main__":
