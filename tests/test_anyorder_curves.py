@@ -1,0 +1,264 @@
+"""The any-order training to convergence (issue 52): one tokenisation of a poem line in every
+reversal format, the infilling probe, the fixed Countdown-3 set held out from the test set, the
+answer-token loss without EOS padding, held-out curves with the flattening stop (resumable), and
+the gate on the reverse direction."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dlm.attention import causal_mask
+from dlm.objectives import ARSFTLoss, LLaDASFTLoss
+from dlm.tokenizer import build_word_tokenizer
+from experiments.eval import anyorder, infill
+from experiments.train import anyorder_curves as curves
+from experiments.train import train_anyorder
+from harness.results import read_jsonl
+from tasks import countdown, reversal
+from tasks.pairs import Epochs, Pair, PairBatches
+from tests.tiny import tiny_dream
+
+TOK = build_word_tokenizer(reversal.vocabulary())
+SMALL = ["--batch-size", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--threads", "1",
+         "--warmup", "1", "--eval-n", "4"]
+
+
+def enc(text: str) -> tuple:
+    return tuple(TOK.encode(text, add_special_tokens=False))
+
+
+def line_tokens(version: str) -> dict[str, set]:
+    """Every token sequence each poem line takes in the training formats of ``version``."""
+    poems = reversal.corpus()
+    seen: dict[str, set] = {}
+    nl = TOK.convert_tokens_to_ids("\n")
+    for pair in reversal.training_pairs(poems, version):
+        answer = enc(" " + pair.answer)  # as PairBatches encodes it
+        if pair.id.startswith("reversal-recite"):
+            p = int(pair.id.split("-")[2])
+            cuts = [-1, *[i for i, t in enumerate(answer) if t == nl], len(answer)]
+            for line, a, b in zip(poems[p], cuts, cuts[1:]):
+                seen.setdefault(line, set()).add(answer[a + 1:b])
+        else:
+            prompt = enc(pair.prompt)
+            given = pair.prompt.split(": ", 1)[1]
+            seen.setdefault(given, set()).add(prompt[len(enc(pair.prompt.split(":")[0] + ":")):])
+            seen.setdefault(pair.answer, set()).add(answer)
+    return seen
+
+
+def test_reversal2_one_tokenisation_of_every_line():
+    seen = line_tokens("v2")
+    assert len(seen) == 800 and all(len(forms) == 1 for forms in seen.values())
+    old = line_tokens("v1")  # the committed format: a line after "\n" starts unspaced
+    assert sum(len(forms) > 1 for forms in old.values()) == 600
+    assert TOK.convert_ids_to_tokens(list(next(iter(old["fe do no le"] - seen["fe do no le"]))))[0] == "fe"
+    assert reversal.training_pairs(reversal.corpus(), "v1") == reversal.training_pairs(reversal.corpus())
+    with pytest.raises(ValueError, match="format version"):
+        reversal.recitation(["a"], "v3")
+
+
+class Oracle(torch.nn.Module):
+    """A model that knows row ``b`` of every batch is ``rows[b]``: its logits put all mass on that
+    row's token at every position (the probe's rows of one length go through in order)."""
+
+    def __init__(self, rows: list[list[int]], mask_id: int) -> None:
+        super().__init__()
+        self.rows, self.config = rows, SimpleNamespace(mask_token_id=mask_id, shift_logits=True)
+
+    def forward(self, x, attn_mask=None):
+        out = torch.zeros(*x.shape, len(TOK))
+        for b in range(x.shape[0]):
+            out[b, torch.arange(x.shape[1]), torch.tensor(self.rows[b])] = 30.0
+        return out
+
+
+def test_infill_probe_scores_a_known_fill():
+    poems = reversal.corpus()
+    pairs = reversal.infill_pairs(poems)[:8]
+    assert [p.meta for p in pairs[:4]] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    rows = [infill.infill_row(TOK, p, poems, "v2", 40)[0] for p in pairs]
+    assert len({len(r) for r in rows}) == 1  # one batch, in order
+    for causal in (False, True):
+        filled = infill.fill(Oracle(rows, TOK.mask_token_id), TOK, pairs, poems, "v2", causal, 40)
+        assert [f["prediction"] for f in filled] == [p.answer for p in pairs]
+        assert all(reversal.check(p, f["prediction"]) and f["nll"] < 1e-6 for p, f in zip(pairs, filled))
+    # a model that learned another line there fills that line, scored wrong
+    wrong = [list(r) for r in rows]
+    ids, a, _ = infill.infill_row(TOK, pairs[1], poems, "v2", 40)
+    wrong[1][a] = TOK.convert_tokens_to_ids("▁ba" if ids[a] != TOK.convert_tokens_to_ids("▁ba") else "▁be")
+    filled = infill.fill(Oracle(wrong, TOK.mask_token_id), TOK, pairs, poems, "v2", False, 40)
+    assert [reversal.check(p, f["prediction"]) for p, f in zip(pairs, filled)] == [True, False] + [True] * 6
+    assert filled[1]["nll"] == pytest.approx(30 / 4, abs=1e-3)  # 30 nats on the first of the 4 words
+
+
+def test_countdown_fixed_set_held_out_and_disjoint():
+    drawn = countdown.fixed_set(2000, 0, "train")
+    test = drawn[100:150]  # problems the training draw would otherwise hold
+    train, valid = countdown.fixed_sets(2000, 0, test, valid_size=100)
+    keys = [countdown.problem_key(p) for p in train]
+    assert len(train) == len(set(keys)) == 2000 and len(valid) == 100
+    assert not set(keys) & {countdown.problem_key(p) for p in test + valid}
+    assert {countdown.problem_key(p) for p in test} <= {countdown.problem_key(p) for p in drawn}
+    assert all(countdown.check(p, p.answer) and len(p.meta[0].split(",")) == 4 and int(p.meta[0].split(",")[-1]) <= 99
+               for p in train)
+    assert countdown.fixed_sets(2000, 0, test)[0] == train and countdown.fixed_sets(2000, 1, test)[0] != train
+
+
+def test_countdown_fixed_set_disjoint_from_shared_test(shared_data):
+    shared_data("reasoning/countdown/cd3_test.jsonl")
+    test = anyorder.test_set("countdown", 10**9)
+    train, valid = curves.countdown_sets(20000, 0, 100)
+    assert len(test) == 1000 and len(train) == 20000
+    assert not {countdown.problem_key(p) for p in train} & {countdown.problem_key(p) for p in test + valid}
+
+
+def test_epochs_cover_the_set_once_per_epoch():
+    pairs = tuple(Pair(str(i), "p", "a") for i in range(10))
+    e = Epochs(pairs, seed=3)
+    first = [p.id for s in range(5) for p in e.batch(s, 4)]  # 20 rows: two epochs exactly
+    assert sorted(first[:10]) == sorted(first[10:]) == sorted(p.id for p in pairs)
+    assert first[:10] != first[10:] and e.batch(2, 4) == e.batch(2, 4) and e.epoch(5, 4) == 2.0
+    data = PairBatches(TOK, Epochs(tuple(reversal.training_pairs(reversal.corpus(), "v2")[:20])), 4, 32)
+    assert torch.equal(data(7, torch.Generator().manual_seed(1))["input_ids"],
+                       data(7, torch.Generator().manual_seed(1))["input_ids"])
+
+
+def _batch():
+    model = tiny_dream()  # EOS = 2, [MASK] = 39
+    ids = torch.tensor([[5, 6, 7, 8, 9, 2, 2, 2], [5, 6, 10, 11, 2, 2, 2, 2]])
+    return model, {"input_ids": ids, "prompt_lengths": torch.tensor([2, 2])}
+
+
+@torch.no_grad()
+def test_answer_loss_leaves_out_the_eos_padding():
+    model, batch = _batch()
+    ids = batch["input_ids"]
+    answer = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    logits = model(ids, attn_mask=causal_mask(torch.arange(8), 8))
+    ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
+    loss, metrics = ARSFTLoss()(model, batch)
+    assert float(metrics["answer_loss"]) == pytest.approx(float(ce[answer].mean()))
+    assert float(metrics["answer_loss"]) != pytest.approx(float(loss))  # the loss keeps the EOS columns
+    noise = {"noise_t": torch.ones(2), "noise_u": torch.zeros(2, 8)}  # every answer column masked
+    loss, metrics = LLaDASFTLoss(weighting="uniform")(model, {**batch, **noise}, torch.Generator())
+    noisy = torch.where(torch.arange(8) >= 2, 39, ids)
+    ce = F.cross_entropy(model(noisy).transpose(1, 2), ids, reduction="none")
+    assert float(metrics["answer_loss"]) == pytest.approx(float(ce[answer].mean()))
+    assert float(loss) == pytest.approx(float(ce[:, 2:].mean(1).mean()))  # the loss itself unchanged
+
+
+def test_flat_criterion():
+    assert not curves.flat([0.1, 0.5, 0.9], 2, 1.0)
+    assert curves.flat([0.1, 0.5, 0.5, 0.505], 2, 1.0)  # 0.5 points in the last two evaluations
+    assert not curves.flat([0.1, 0.5, 0.5, 0.52], 2, 1.0)
+    assert not curves.flat([0.5, 0.5], 2, 0.0)  # too few evaluations
+    assert curves.flat([0.5, 0.4, 0.3], 2, 0.0)
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_curves_logged_stop_when_flat_and_resume(tmp_path, capsys):
+    base = ["--task", "reversal2", "--objective", "diffusion", "--steps", "6", "--eval-every", "2",
+            "--save-every", "2", *SMALL]
+    train_anyorder.main([*base, "--out", str(tmp_path / "full")])
+    recs = _records(tmp_path / "full")
+    evals = [r for r in recs if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [2, 4, 6]
+    assert all({"eval/accuracy", "eval/before", "eval/infill"} <= set(r) for r in evals)
+    assert all("answer_loss" in r for r in recs if "loss" in r)
+    # stopped when flat: any change within 100 points counts as flat, so it stops at the 2nd eval
+    part = tmp_path / "part"
+    train_anyorder.main([*base, "--out", str(part), "--stop-patience", "1", "--stop-delta", "100"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 4
+    assert torch.load(part / "trainer_state.pt", weights_only=True)["step"] == 4
+    train_anyorder.main([*base, "--out", str(part), "--stop-patience", "1", "--stop-delta", "100"])  # stays stopped
+    assert torch.load(part / "trainer_state.pt", weights_only=True)["step"] == 4
+    assert [r["step"] for r in _records(part) if "eval/accuracy" in r] == [2, 4]
+    # resumed without the stop it ends where the uninterrupted run did
+    train_anyorder.main([*base, "--out", str(part)])
+    a = torch.load(tmp_path / "full" / "trainer_state.pt", weights_only=True)["model"]
+    b = torch.load(part / "trainer_state.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r for r in _records(part) if "eval/accuracy" in r] == evals
+
+
+def test_countdown_fixed_set_trains_in_epochs(tmp_path, capsys, shared_data):
+    shared_data("reasoning/countdown/cd3_test.jsonl")
+    train_anyorder.main(["--task", "countdown", "--objective", "ar", "--steps", "4", "--train-size", "8",
+                         "--eval-every", "4", "--out", str(tmp_path / "cd"), *SMALL])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["epochs"] == 2.0 and out["steps"] == 4
+    assert [r["step"] for r in _records(tmp_path / "cd") if "eval/accuracy" in r] == [4]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "sudoku", "--train-size", "100"], "--train-size: only --task countdown has a fixed training set"),
+    (["--task", "sudoku", "--stop-patience", "3"], "--stop-patience reads the held-out curve: it needs --eval-every"),
+    (["--task", "sudoku", "--eval-n", "0"], "--eval-n must be >= 1, got 0"),
+    (["--task", "sudoku", "--stop-delta", "-1"], "--stop-delta must be >= 0"),
+])
+def test_curve_flags_refused_before_anything(tmp_path, args, message):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        train_anyorder.main([*args, "--objective", "ar", "--out", str(out)])
+    assert not out.exists()
+
+
+def _write(path, oks):
+    path.write_text("".join(json.dumps({"id": f"q{i}", "correct": ok}) + "\n" for i, ok in enumerate(oks)))
+
+
+def test_reverse_row_gated_on_forward_accuracy(tmp_path):
+    _write(tmp_path / "reversal2_after_ar.jsonl", [True] * 20)
+    _write(tmp_path / "reversal2_after_pure.jsonl", [True] * 18 + [False] * 2)  # 90%: below the gate
+    _write(tmp_path / "reversal2_after_semiar.jsonl", [True] * 19 + [False])  # 95%: passes
+    _write(tmp_path / "reversal2_before_ar.jsonl", [True] * 2 + [False] * 18)
+    _write(tmp_path / "reversal2_before_pure.jsonl", [True] * 15 + [False] * 5)
+    _write(tmp_path / "reversal2_before_semiar.jsonl", [True] * 10 + [False] * 10)
+    _write(tmp_path / "reversal2_infill_pure.jsonl", [True] * 20)
+    anyorder.report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert "| reversal2_before | pure | 20 | did not learn the format (forward 90.0 < 95) | - | - |" in table
+    assert "| reversal2_before | ar | 20 | 10.0 [2.8, 30.1] | - | - |" in table  # its pair is gated: no test
+    assert "| reversal2_before | semiar | 20 | 50.0 [29.9, 70.1] | - | - |" in table
+    assert "| reversal2_after | pure | 20 | 90.0" in table and "| reversal2_infill | pure | 20 | 100.0" in table
+    rows = {(r["task"], r["row"]): r for r in json.loads((tmp_path / "table.json").read_text())}
+    assert rows[("reversal2_before", "pure")] == {"task": "reversal2_before", "row": "pure", "n": 20, "gated": True,
+                                                 "forward_accuracy": 0.9}
+    assert "accuracy" in rows[("reversal2_before", "semiar")]
+    _write(tmp_path / "reversal2_after_ar.jsonl", [True] * 18 + [False] * 2)
+    anyorder.report(tmp_path)
+    assert "| reversal2_before | ar | 20 | did not learn the format (forward 90.0 < 95) |" in (tmp_path / "table.md").read_text()
+    assert read_jsonl(tmp_path / "reversal2_before_ar.jsonl")  # the samples are untouched
+
+
+def test_infill_cli_rows(tmp_path):
+    small = ["--steps", "2", *SMALL]
+    for obj in ("ar", "diffusion"):
+        train_anyorder.main(["--task", "reversal2", "--objective", obj, "--out", str(tmp_path / obj), *small])
+    anyorder.main(["--task", "reversal2", "--infill", "--ar", str(tmp_path / "ar" / "model"), "--mdm",
+                   str(tmp_path / "diffusion" / "model"), "--n", "4", "--out", str(tmp_path / "res")])
+    table = (tmp_path / "res" / "table.md").read_text()
+    for row in ("ar", "pure"):
+        recs = read_jsonl(tmp_path / "res" / f"reversal2_infill_{row}.jsonl")
+        assert len(recs) == 4 and all({"prediction", "nll", "correct"} <= set(r) for r in recs)
+        assert f"| reversal2_infill | {row} | 4 |" in table
+    assert not (tmp_path / "res" / "reversal2_infill_semiar.jsonl").exists()
+    with pytest.raises(ValueError, match="--infill probes the reversal tasks only, not --task sudoku"):
+        anyorder.main(["--task", "sudoku", "--infill", "--ar", str(tmp_path / "ar" / "model"), "--mdm",
+                       str(tmp_path / "ar" / "model"), "--out", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+
+
+def test_countdown_fixed_set_refused_without_the_test_set(tmp_path):
+    """Disjointness cannot be checked without the shared CD3 test set: the run stops naming the file."""
+    out = tmp_path / "run"
+    with pytest.raises(FileNotFoundError, match="reasoning/countdown/cd3_test.jsonl"):
+        train_anyorder.main(["--task", "countdown", "--objective", "ar", "--train-size", "5", "--out", str(out)])
+    assert not out.exists()
