@@ -13,15 +13,12 @@ splits it into micro-batches of ``micro_batch_size`` rows (gradient accumulation
 objective defines ``sample_noise``, the noise is drawn once for the global batch before sharding,
 so N processes take exactly the optimizer step one process would.
 
-One run per ``out_dir``: the main process holds its lock (:mod:`dlm.locks`, the harness's) for
-the whole run, and a second run into it fails at once naming the first one's pid and start time.
-Files in ``out_dir``: ``model/`` (``save_fn`` output, EMA weights when enabled; swapped in via a
-temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``. All get
-ordinary modes (``0o666`` / ``0o777`` minus the umask, :mod:`dlm.io`); a full disk is one
-:class:`dlm.io.DiskFullError` naming the file, the previous checkpoint intact. At start the temp
-files and unheld lock files of a killed run are removed (and printed) and ``metrics.jsonl`` keeps only records up to the resumed
-step (none on a fresh start), so a rerun never logs a step twice; a log window straddling a resume
-averages only the steps after it.
+One run per ``out_dir`` (the main process holds its :mod:`dlm.locks` lock; a second run fails at
+once naming the first). ``out_dir`` holds ``model/`` (``save_fn`` output, EMA weights when enabled;
+temp dir + rename), ``trainer_state.pt`` (tmp file + ``os.replace``) and ``metrics.jsonl``, with
+ordinary modes (:mod:`dlm.io`); a full disk is one :class:`dlm.io.DiskFullError` naming the file,
+the previous checkpoint intact. At start a killed run's temp files and unheld locks are removed and
+``metrics.jsonl`` keeps only records up to the resumed step, so a rerun never logs a step twice.
 
 Resuming never changes the recipe silently: every TrainConfig field but :data:`RESUMABLE_FIELDS`,
 plus the caller's ``recipe`` dict (data, objective, model shape, ...: the scripts pass their
