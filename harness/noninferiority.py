@@ -88,11 +88,15 @@ def check_margin(value: float) -> float:
 
 def declared(entry: dict, reference: str) -> float | None:
     """The margin (points) a ``config.json`` strategy entry declared against ``reference`` (None: none,
-    or one against another row)."""
+    or one against another row); ValueError when the entry's margin is malformed."""
     m = entry.get("margin")
-    if not isinstance(m, dict):
+    if m is None:
         return None
-    return float(m["points"]) if m.get("reference") == reference else None
+    points = m.get("points") if isinstance(m, dict) else None
+    if not isinstance(m, dict) or not isinstance(m.get("reference"), str) or isinstance(points, bool) \
+            or not isinstance(points, (int, float)) or not 0 < points < 100:
+        raise ValueError(f"expected {{\"points\": P in (0, 100), \"reference\": STRATEGY}}, got {m!r:.80}")
+    return float(points) if m["reference"] == reference else None
 
 
 def declaration(points: float | None, reference: str, name: str) -> dict | None:
@@ -110,7 +114,8 @@ def check_declared(folder, name: str, margin: dict | None, has_samples: bool) ->
     before = entry.get("margin") if isinstance(entry, dict) else None
     if before != margin:
         path = Path(folder) / "config.json"
-        was = "none" if before is None else f"{before.get('points')} points against {before.get('reference')}"
+        was = (f"{before.get('points')} points against {before.get('reference')}" if isinstance(before, dict)
+               else "none" if before is None else repr(before))
         now = "none" if margin is None else f"{margin['points']} points against {margin['reference']}"
         raise ValueError(f"--margin: {path} declares {was} for {name}, whose samples exist; this run declares "
                          f"{now}. A margin is fixed before a row's first sample: pass the declared one, or "
@@ -125,8 +130,15 @@ INTERVAL = "Newcombe's hybrid score interval for paired proportions, 1998, metho
 
 def margins(folder, names, reference: str) -> dict[str, float]:
     """strategy -> the margin (points) its ``config.json`` entry declared against ``reference``."""
-    entries = run_config(folder).get("strategies", {})
-    return {n: m for n in names if (m := declared(entries.get(n) or {}, reference)) is not None}
+    entries, out = run_config(folder).get("strategies", {}), {}
+    for name in names:
+        try:
+            m = declared(entries.get(name) or {}, reference)
+        except ValueError as e:
+            raise ValueError(f"{Path(folder) / 'config.json'}: strategies.{name}.margin: {e}") from None
+        if m is not None:
+            out[name] = m
+    return out
 
 
 def header(reference: str) -> str:

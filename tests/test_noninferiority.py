@@ -105,6 +105,17 @@ def test_the_table_gives_each_row_its_paired_ci_and_its_declared_margins_verdict
     assert header[-5:] == list(noninferiority.FIELDS) and "chain_accuracy" not in header
 
 
+def test_a_malformed_margin_is_refused_naming_the_file_and_key(tmp_path, capsys):
+    out = two_rows(tmp_path / "run", {"fastdllm_dual": "3"})
+    with pytest.raises(SystemExit) as e:
+        run_main(report.main, ["--out", str(out), "--resamples", "20", "--no-plot"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == [
+        (f"python -m harness.report: error: {out / 'config.json'}: strategies.fastdllm_dual.margin: expected "
+         "{\"points\": P in (0, 100), \"reference\": STRATEGY}, got {'points': '3', 'reference': 'baseline_semiar'}")]
+    assert not (out / "table.md").exists()
+
+
 def test_a_margin_against_another_reference_is_not_this_tables(tmp_path, capsys):
     out = two_rows(tmp_path / "run", {"fastdllm_dual": 10})
     with pytest.raises(SystemExit) as e:
