@@ -1,8 +1,8 @@
-"""Tables, Pareto plot and factorial ablation of a GSM8K harness run, from its JSONL files only.
+"""Tables, Pareto plot and factorial ablation of a GSM8K harness run, from its files only (no model).
 
     python -m harness.report --out results/gsm8k_arith [--baseline baseline_semiar]
 
-Reads ``<out>/<strategy>.jsonl`` (never the per-rank logs, never a model), every record checked
+Reads ``<out>/<strategy>.jsonl`` and ``config.json`` (never the per-rank logs), every record checked
 (:mod:`harness.records`; rows over different problems noted, or with ``--common-problems``
 restricted to the shared ones: :mod:`harness.problem_sets`), and writes
 
@@ -12,6 +12,9 @@ restricted to the shared ones: :mod:`harness.problem_sets`), and writes
   row (when absent, the header and ``meta.speedup_note`` name the row used instead), NFE per
   sample and per generated token, tokens per step, positions computed per generated token, n,
   batch size (``batch_rows``; mixed sizes are flagged and named in every throughput cell);
+  the accuracy change vs that row with its paired 95% CI and the verdict against the margin the run
+  declared (:mod:`harness.noninferiority`); on the arithmetic task, chain-step accuracy (every
+  intermediate result right, :mod:`harness.chain_steps`) with its own McNemar test.
   Below it, the Pareto front and the fastest row not significantly less accurate than the baseline;
 - ``pareto.png``: accuracy vs throughput (log x), CI error bars, one line per cache, front highlighted;
 - ``ablation.md`` / ``ablation.csv``: main effects of cache x parallel decoding x stop_at_eos x
@@ -44,9 +47,9 @@ from tasks.evaluate import mcnemar_exact
 from harness.frontier import _fmt, frontier, render_frontier
 from harness.plots import pareto_front, plot_pareto  # noqa: F401  (pareto_front re-exported)
 from harness.grids import sampler_names
-
-FACTORS = ("cache", "parallel", "stop_at_eos", "block_length")
-
+from harness.ablation import FACTORS, Effect, factorial_effects, render_ablation  # noqa: F401  (re-exported)
+from harness import noninferiority
+from harness import chain_steps
 
 def bootstrap_ci(values: Sequence[float], n_resamples: int = 1000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
@@ -92,6 +95,16 @@ class Row:
     flop_ideal: float = float("nan")  # the reference's FLOPs/token over this row's: the speed-up FLOPs predict
     mcnemar_p: float = float("nan")  # exact McNemar p vs the speed-up reference on the shared problems
     discordant: str = "-"  # "b/c": reference right & row wrong / reference wrong & row right
+    change_pp: float = float("nan")  # accuracy change vs the reference on the shared problems, points
+    change_low_pp: float = float("nan")  # its paired 95% CI (harness.noninferiority)
+    change_high_pp: float = float("nan")
+    margin_pp: float = float("nan")  # the non-inferiority margin the run declared (nan: none)
+    verdict: str = "-"  # harness.noninferiority.verdict ("-": the reference row)
+    chain_accuracy: float = float("nan")  # every intermediate result right (nan: not the arithmetic task)
+    chain_ci_low: float = float("nan")
+    chain_ci_high: float = float("nan")
+    chain_mcnemar_p: float = float("nan")
+    chain_discordant: str = "-"
 
 
 def batch_sizes(records: Sequence[dict]) -> str:
@@ -161,10 +174,13 @@ def paired_test(base: Sequence[dict], other: Sequence[dict]) -> tuple[float, str
     return mcnemar_exact(b, c), f"{b}/{c}"
 
 
-def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0) -> list[Row]:
-    """One row per strategy, speed-up and paired McNemar test relative to :func:`speedup_reference`;
-    every float rounded (:func:`dlm.io.round_floats`), so the tables and the ablation fit built from
-    the rows do not see the last bits in which machines' sums differ."""
+def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 1000, seed: int = 0,
+               margins: dict | None = None, chain: dict | None = None) -> list[Row]:
+    """One row per strategy, speed-up, paired McNemar test and paired CI of the accuracy change
+    (verdict against ``margins[strategy]``, points, when declared) relative to
+    :func:`speedup_reference`; ``chain``: the runs scored on every chain step
+    (:func:`harness.chain_steps.chain_runs`). Every float rounded (:func:`dlm.io.round_floats`), so
+    the tables and the ablation fit built from the rows do not see the last bits in which machines' sums differ."""
     rows = [summarize(name, recs, n_resamples, seed) for name, recs in runs.items()]
     base, _ = speedup_reference(rows, baseline)
     out = []
@@ -172,6 +188,16 @@ def table_rows(runs: dict[str, list[dict]], baseline: str, n_resamples: int = 10
         p, bc = paired_test(runs[base.strategy], runs[r.strategy]) if base else (r.mcnemar_p, r.discordant)
         extra = dict(speedup=r.tokens_per_second / base.tokens_per_second,
                      flop_ideal=base.flops_per_token / r.flops_per_token, mcnemar_p=p, discordant=bc) if base else {}
+        if base and r is not base:
+            change = noninferiority.paired_change(runs[base.strategy], runs[r.strategy])
+            margin = (margins or {}).get(r.strategy)
+            extra |= {**change, "margin_pp": float("nan") if margin is None else margin,
+                      "verdict": noninferiority.verdict(change["change_low_pp"], change["change_high_pp"], margin)}
+        if chain:
+            c = summarize(r.strategy, chain[r.strategy], n_resamples, seed)
+            cp, cbc = paired_test(chain[base.strategy], chain[r.strategy]) if base else (c.mcnemar_p, c.discordant)
+            extra |= {"chain_accuracy": c.accuracy, "chain_ci_low": c.ci_low, "chain_ci_high": c.ci_high,
+                      "chain_mcnemar_p": cp, "chain_discordant": cbc}
         out.append(Row(**round_floats({**asdict(r), **extra})))
     return out
 
@@ -181,78 +207,20 @@ def mixed_batches(rows: Sequence[Row]) -> bool:
     return len({size for r in rows for size in r.batch_rows.split()}) > 1
 
 
-# ------------------------------------------------------------------------------------- ablation
-@dataclass(frozen=True)
-class Effect:
-    factor: str
-    level: str
-    reference: str
-    log_speedup: float
-    speedup: float
-    accuracy_pp: float
-    cells: int  # factor cells at this level
-
-
-#: decimal places the ablation fit keeps (its coefficients are log speed-ups and accuracy points)
-FIT_DECIMALS = 9
-
-
-def factorial_effects(rows: Sequence[Row], baseline: str) -> tuple[list[Effect], dict]:
-    """Main effects of each factor level vs the reference level (the baseline row's level) on
-    log throughput and on accuracy, from an additive least-squares fit over the non-bd3lm rows.
-    Factors with one level are left out; returns ([], info) when the design is not identifiable."""
-    usable = [r for r in rows if r.factors and r.factors.get("kind") != "bd3lm"
-              and r.tokens_per_second > 0 and math.isfinite(r.tokens_per_second)]
-    # rows with identical factor levels (e.g. baseline_semiar and abl_nocache_topk_noeos_semiar)
-    # form one cell: the mean of their log throughputs / accuracies, so the design stays balanced
-    groups: dict[tuple, list[Row]] = {}
-    for r in usable:
-        groups.setdefault(tuple(str(r.factors[f]) for f in FACTORS), []).append(r)
-    cells = list(groups)  # level tuples
-    info = {"cells": len(cells), "rows": len(usable), "r2": float("nan"), "factors": []}
-    if len(cells) < 2:
-        return [], info
-    base_row = next((r for r in usable if r.strategy == baseline), usable[0])
-    info["reference_row"] = base_row.strategy  # may differ from ``baseline`` (absent): said in the file
-    base = tuple(str(base_row.factors[f]) for f in FACTORS)
-    columns, labels = [np.ones(len(cells))], []
-    for k, f in enumerate(FACTORS):
-        levels = sorted({c[k] for c in cells}, key=lambda v: (v != base[k], v))
-        if len(levels) < 2:
-            continue
-        info["factors"].append(f)
-        for lv in levels[1:]:
-            columns.append(np.array([float(c[k] == lv) for c in cells]))
-            labels.append((f, lv, levels[0], sum(c[k] == lv for c in cells)))
-    X = np.stack(columns, axis=1)  # (cells, 1 + dummies)
-    if np.linalg.matrix_rank(X) < X.shape[1]:
-        info["note"] = "design not identifiable (confounded factors)"
-        return [], info
-    y = np.array([np.mean([math.log(r.tokens_per_second) for r in groups[c]]) for c in cells])
-    acc = np.array([np.mean([100 * r.accuracy for r in groups[c]]) for c in cells])
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    gamma, *_ = np.linalg.lstsq(X, acc, rcond=None)
-    resid = y - X @ beta
-    ss = float(((y - y.mean()) ** 2).sum())
-    # rounded at the source to FIT_DECIMALS places: lstsq's last bits differ between CPUs / BLAS
-    # builds (an effect that is 0 comes out as +-1e-14), and the tables print these numbers
-    beta, gamma = (np.round(v, FIT_DECIMALS) + 0.0 for v in (beta, gamma))
-    info["r2"] = round_floats(round(1 - float((resid ** 2).sum()) / ss, FIT_DECIMALS) + 0.0 if ss > 0 else 1.0)
-    effects = [Effect(f, lv, ref, *round_floats([float(b), math.exp(b), float(g)]), n)
-               for (f, lv, ref, n), b, g in zip(labels, beta[1:], gamma[1:])]
-    return effects, info
-
-
 # -------------------------------------------------------------------------------------- writers
 def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed: int,
-          sets: ProblemSets | None = None) -> dict:
+          sets: ProblemSets | None = None, chain_note: str | None = None) -> dict:
     base, note = speedup_reference(rows, baseline)
+    chain = any(math.isfinite(r.chain_accuracy) for r in rows)
     return {"run_git_shas": sorted({s for r in rows for s in r.git_shas.split()}),
             "baseline": baseline, "speedup_reference": base.strategy if base else None, "speedup_note": note,
             "batch_rows": {r.strategy: r.batch_rows for r in rows}, "mixed_batch_rows": mixed_batches(rows),
             "bootstrap": {"resamples": n_resamples, "seed": seed, "level": 0.95},
             "config_hashes": {r.strategy: r.config_hashes for r in rows},
             "run_config": run_config(out).get("strategies", {}), "frontier": frontier(rows, base.strategy if base else None),
+            "noninferiority": {"interval": noninferiority.INTERVAL, "margins_pp": {
+                r.strategy: r.margin_pp for r in rows if math.isfinite(r.margin_pp)}},
+            **({"chain_steps": {"computed": chain, "note": chain_note}} if chain or chain_note else {}),
             **({"problem_sets": asdict(sets)} if sets else {})}
 
 
@@ -271,7 +239,8 @@ def _batch_words(meta: dict) -> str:
 
 
 def render_table(rows: Sequence[Row], meta: dict) -> str:
-    mixed = meta["mixed_batch_rows"]
+    mixed, ref = meta["mixed_batch_rows"], meta["speedup_reference"]
+    chain = meta.get("chain_steps", {}).get("computed", False)
     lines = ["# GSM8K: accuracy and throughput per strategy (Fast-dLLM Table 1 layout)", "",
              f"git {' '.join(meta['run_git_shas'])} (the commits that produced the samples); {_speedup_words(meta)}; "
              f"95% bootstrap CI ({meta['bootstrap']['resamples']} resamples, seed "
@@ -279,15 +248,19 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"wall-clock seconds of generation; McNemar: exact paired test against the same row on the "
              f"same problems (b/c: problems only it / only this row solves); FLOP ideal: its FLOPs per token "
              f"over this row's, the speed-up if time followed FLOPs.{_batch_words(meta)}", "",
+             noninferiority.words(ref), "", *([chain_steps.words(meta), ""] if "chain_steps" in meta else []),
              *([meta["problem_sets"]["note"], ""] if "problem_sets" in meta else []),
-             f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | tokens/s{' (batch size)' if mixed else ''} | "
-             f"speed-up vs {meta['speedup_reference']} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "
-             "n | config |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | {noninferiority.header(ref)}"
+             f"{chain_steps.HEADER if chain else ''}tokens/s{' (batch size)' if mixed else ''} | "
+             f"speed-up vs {ref} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "
+             "n | config |", "|---" * (14 + 2 * chain) + "|"]
     for r in rows:
         batch = f" (batch {r.batch_rows})" if mixed else ""
-        test = "-" if r.strategy == meta["speedup_reference"] else f"{_fmt(r.mcnemar_p, '.2g')} ({r.discordant})"
+        test = "-" if r.strategy == ref else f"{_fmt(r.mcnemar_p, '.2g')} ({r.discordant})"
         lines.append(f"| {r.strategy} | {100 * r.accuracy:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}] | "
-                     f"{test} | {_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | "
+                     f"{test} | {noninferiority.cells(r, r.strategy == ref)}"
+                     f"{chain_steps.cells(r, r.strategy == ref, _fmt) if chain else ''}"
+                     f"{_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | "
                      f"{_fmt(r.flop_ideal, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
@@ -302,40 +275,14 @@ CSV_FIELDS = ("strategy", "n", "accuracy", "ci_low", "ci_high", "mcnemar_p", "di
 def render_csv(rows: Sequence[Row], speedup_vs: Optional[str] = None) -> str:
     """``table.csv``: one line per row; ``speedup_vs`` names the row speed-ups are relative to."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    fields = CSV_FIELDS + noninferiority.FIELDS + (chain_steps.FIELDS if any(
+        math.isfinite(r.chain_accuracy) for r in rows) else ())
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
     for r in rows:
         d = {**asdict(r), "speedup_vs": speedup_vs}
-        w.writerow({k: d[k] for k in CSV_FIELDS})
+        w.writerow({k: d[k] for k in fields})
     return buf.getvalue()
-
-
-def _reference_words(info: dict, baseline: str) -> str:
-    ref = info.get("reference_row", baseline)
-    return f"the {baseline} row's" if ref == baseline else f"no {baseline} row: the {ref} row's instead"
-
-
-def render_ablation(effects: Sequence[Effect], info: dict, meta: dict) -> tuple[str, str]:
-    lines = ["# Factorial ablation: where the speed-up comes from", "",
-             f"git {' '.join(meta['run_git_shas'])}; additive least-squares fit of log(tokens/s) and of "
-             f"accuracy over {info['cells']} factor cells ({info.get('rows', 0)} baseline/fastdllm rows; "
-             f"factors: {', '.join(info['factors']) or '-'}; "
-             f"R^2 of log throughput {_fmt(info['r2'], '.3f')}). Main effect = coefficient of the level vs "
-             f"the reference level ({_reference_words(info, meta['baseline'])}); x speed-up = exp(log speed-up).", ""]
-    if not effects:
-        lines.append(f"No identifiable factorial design in these rows. {info.get('note', '')}".rstrip())
-    else:
-        lines += ["| factor | level | vs | log speed-up | x speed-up | accuracy change (pp) | cells at level |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {e.factor} | {e.level} | {e.reference} | {e.log_speedup:+.3f} | {e.speedup:.2f}x | "
-                  f"{round(e.accuracy_pp, 1) + 0.0:+.1f} | {e.cells} |" for e in effects]  # + 0.0: no -0.0
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["factor", "level", "reference", "log_speedup", "speedup", "accuracy_pp", "cells"])
-    for e in effects:
-        w.writerow([e.factor, e.level, e.reference, *(round(v, 6) + 0.0 for v in (e.log_speedup, e.speedup,
-                                                                                     e.accuracy_pp)), e.cells])
-    return "\n".join(lines) + "\n", buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -359,8 +306,10 @@ def build_report(out: Path, baseline: str = "baseline_semiar", n_resamples: int 
         runs, sets = align(runs, baseline if baseline in runs else next(iter(runs)), common)
     except ValueError as e:
         raise ValueError(f"--out {out}: {e}") from None
-    rows = table_rows(runs, baseline, n_resamples, seed)
-    meta = _meta(out, rows, baseline, n_resamples, seed, sets)
+    chain, chain_note = chain_steps.chain_runs(out, runs)
+    margins = noninferiority.margins(out, runs, baseline if baseline in runs else next(iter(runs)))
+    rows = table_rows(runs, baseline, n_resamples, seed, margins, chain)
+    meta = _meta(out, rows, baseline, n_resamples, seed, sets, chain_note)
     effects, info = factorial_effects(rows, baseline)
     md, csv_text = render_table(rows, meta), render_csv(rows, meta["speedup_reference"])
     abl_md, abl_csv = render_ablation(effects, info, meta)

@@ -11,6 +11,7 @@ from tasks.arith import (
     reasoning_lines,
     split_of_key,
 )
+from tasks.chain_score import chain_steps_right
 from tasks.fewshot import DEFAULT_TEMPLATE, PromptTemplate, fewshot_examples, format_prompt, sample_shots
 from tasks.gsm8k import Problem, extract_flexible, extract_strict, is_correct, load_gsm8k, normalize_number
 
@@ -21,6 +22,7 @@ __all__ = [
     "Problem",
     "PromptTemplate",
     "arith_vocabulary",
+    "chain_steps_right",
     "extract_flexible",
     "extract_strict",
     "fewshot_examples",

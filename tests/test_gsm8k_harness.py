@@ -214,11 +214,11 @@ def test_bootstrap_ci_is_deterministic():
         report.bootstrap_ci([])
 
 
-def test_report_rebuilds_from_jsonl_only(ckpt, tmp_path, monkeypatch):
+def test_report_rebuilds_from_jsonl_and_config_only(ckpt, tmp_path, monkeypatch):
     out, copy = tmp_path / "o", tmp_path / "copy"
     run(ckpt, out)
     copy.mkdir()
-    for p in out.glob("*.jsonl"):
+    for p in [*out.glob("*.jsonl"), out / "config.json"]:  # config.json: the task, for chain-step accuracy
         shutil.copy(p, copy / p.name)
     import dlm.checkpoints
 

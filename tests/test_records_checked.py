@@ -11,6 +11,8 @@ computes from its records.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +23,7 @@ from tiny import tokenizer_model
 
 from dlm import save_model
 from experiments.eval import gsm8k
-from harness import report
+from harness import chain_steps, noninferiority, report
 from harness.cli import run_main
 from harness.evaluate import evaluate, existing_records
 from harness.records import (
@@ -277,11 +279,60 @@ def test_every_committed_per_sample_file_passes_the_checks():
             read_records(path)
 
 
+#: what issue 51 added to the tables (the paired CI and verdict; chain-step accuracy): a committed
+#: table written before them holds every other number unchanged
+NEW_FIELDS = set(noninferiority.FIELDS) | set(chain_steps.FIELDS)
+NEW_META = {"noninferiority", "chain_steps"}
+NEW_COLUMNS = ("change vs ", "non-inferiority at margin", "chain-step % [95% CI]", "chain-step McNemar p (b/c)")
+NEW_LINES = ("Change vs ", "Chain-step accuracy: ", "chain-step accuracy not computed: ")
+
+
+def without_new_md(md: str) -> str:
+    """``md`` without the new paragraphs (each with its blank line) and the new table columns."""
+    lines, out, drop = md.split("\n"), [], []
+    for i, line in enumerate(lines):
+        if line.startswith(NEW_LINES) or (i and lines[i - 1].startswith(NEW_LINES) and not line):
+            continue
+        if not line.startswith("|"):
+            drop = []
+        elif not drop and not (i and lines[i - 1].startswith("|")):  # a table's header
+            drop = [k for k, cell in enumerate(line.split(" | ")) if cell.startswith(NEW_COLUMNS)] or [-1]
+        if line.startswith("|---"):
+            line = "|" + "---|" * (line.count("---") - sum(k >= 0 for k in drop))
+        elif line.startswith("|"):
+            line = " | ".join(c for k, c in enumerate(line.split(" | ")) if k not in drop)
+        out.append(line)
+    return "\n".join(out)
+
+
+def without_new_csv(text: str, committed: str) -> str:
+    """``text`` (a table.csv) without the new columns ``committed`` lacks."""
+    rows = list(csv.reader(io.StringIO(text)))
+    keep = [k for k, name in enumerate(rows[0]) if name not in NEW_FIELDS or name in committed.split("\n")[0]]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([[row[k] for k in keep] for row in rows])
+    return buf.getvalue()
+
+
+def test_the_old_view_of_a_new_table_drops_exactly_the_new_parts(tmp_path):
+    runs = {"baseline_semiar": [record(i) for i in range(6)],
+            "fastdllm_dual": [record(i, "fastdllm_dual", seconds=0.25) for i in range(6)]}
+    rep = report.build_report(write_run(tmp_path / "run", runs), n_resamples=20, plot=False)
+    old = without_new_md(rep.table_md)
+    assert "Change vs" not in old and "change vs" not in old and "non-inferiority" not in old
+    header = next(line for line in old.split("\n") if line.startswith("| strategy | accuracy % [95% CI]"))
+    assert header.startswith("| strategy | accuracy % [95% CI] | McNemar p (b/c) | tokens/s | speed-up vs")
+    table = [line for line in old.split("\n") if line.startswith("|")][:4]
+    assert len({line.count("|") for line in table}) == 1  # header, separator and rows keep one column count
+    assert without_new_csv(rep.table_csv, "strategy,n\n").split("\n")[0] == ",".join(report.CSV_FIELDS)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not RESULTS.is_dir(), reason="no results/ in this checkout")
 def test_every_committed_table_is_what_the_report_computes(tmp_path):
     """Rebuilt from a copy of its records, each committed table holds the same numbers: table.csv
-    and ablation.* byte for byte, table.md / table.json but for the problem-sets note."""
+    and ablation.* byte for byte, table.md / table.json but for the problem-sets note and, in a table
+    written before them, the columns and lines issue 51 added (NEW_*)."""
     folders = report_folders()
     assert len(folders) >= 18
     for folder in folders:
@@ -291,17 +342,26 @@ def test_every_committed_table_is_what_the_report_computes(tmp_path):
             shutil.copy(f, copy / f.name)
         baseline = json.loads((folder / "config.json").read_text()).get("baseline") or "baseline_semiar"
         report.build_report(copy, baseline, plot=False)
-        for name in ("table.csv", "ablation.md", "ablation.csv"):
+        for name in ("ablation.md", "ablation.csv"):
             assert (copy / name).read_bytes() == (folder / name).read_bytes(), f"{folder.name}/{name}"
+        committed_csv = (folder / "table.csv").read_text()
+        assert without_new_csv((copy / "table.csv").read_text(), committed_csv) == committed_csv, folder.name
         built = json.loads((copy / "table.json").read_text())
         sets = built["meta"].pop("problem_sets", None)
         committed = json.loads((folder / "table.json").read_text())
         committed["meta"].pop("problem_sets", None)
+        for key in NEW_META - set(committed["meta"]):
+            built["meta"].pop(key, None)
+        for row, old in zip(built["rows"], committed["rows"]):
+            for key in NEW_FIELDS - set(old):
+                row.pop(key)
         assert built == committed, f"{folder.name}/table.json"
         md, committed_md = (copy / "table.md").read_text(), (folder / "table.md").read_text()
         assert (sets is not None) == ("**Rows over different problems**" in md)
         if sets is not None:  # the note is the only difference (committed before or after it existed)
             md, committed_md = (t.replace(sets["note"] + "\n\n", "") for t in (md, committed_md))
+        if "Change vs " not in committed_md:
+            md = without_new_md(md)
         assert md == committed_md, f"{folder.name}/table.md"
 
 

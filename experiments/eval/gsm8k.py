@@ -28,7 +28,8 @@ reads positions past its training). ``--sort-prompts`` batches prompts of simila
 Outputs under --out (default ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one
 record per sample (fields: :mod:`harness.records`), appended batch by batch; a rerun skips the ids
 written (another config for the same strategy is refused); ranks write ``<strategy>.rank{r}.jsonl``,
-merged by rank 0. Then ``config.json`` (git SHA, every strategy's config) and harness/report.py's
+merged by rank 0. Then ``config.json`` (git SHA, every strategy's config, and the ``--margin`` declared
+against --baseline: harness.noninferiority; a row's margin is fixed once it has samples) and harness/report.py's
 tables, Pareto plot and ablation. Throughput = tokens up to and including the first EOS / seconds
 of the sampler calls (a batch's time divided among its rows), the same for every strategy.
 """
@@ -55,6 +56,7 @@ from harness.results import (REPO, JsonlLog, arith_config_of, config_hash, encod
                              git_sha, merge_logs, rank_log_path, rank_log_paths, repo_relative)
 from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.records import write_run_config
+from harness.noninferiority import check_declared, check_margin, declaration
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
 from dlm import registry
 from dlm.kind import ModelKind
@@ -88,6 +90,7 @@ class HarnessConfig:
     compile: bool = False
     bd3_context: Optional[int] = None
     block_length: Optional[int] = None  # --block-length as given (None: not given)
+    margin: Optional[float] = None  # --margin: non-inferiority margin vs --baseline, points (None: none)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0)")
     p.add_argument("--family", default="auto", choices=("auto", *registry.names("family")),
                    help="whose block rules and proposal run (auto: read from the model's config)")
+    p.add_argument("--margin", type=float, default=None, metavar="POINTS",
+                   help="non-inferiority margin vs --baseline, declared before the run (recorded; harness.report)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="results dir (default: new runs/gsm8k_<data>_<time>)")
     p.add_argument("--device", default=None, help="torch device (default cuda[:LOCAL_RANK], else cpu)")
@@ -181,7 +186,8 @@ def parse_config(argv=None) -> HarnessConfig:
     check_out("--out", out)
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
-                         device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context, a.block_length)
+                         device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context, a.block_length,
+                         None if a.margin is None else check_margin(a.margin))
 
 
 # --------------------------------------------------------------------------------------- data
@@ -362,16 +368,19 @@ def _run(cfg: HarnessConfig, info, clock: Callable[[], float]) -> list[str]:
         encode_prompts(loaded.tokenizer, problems, shots, cfg.chat_template, mask_id=loaded.model.config.mask_token_id,
                        where=f"--data {cfg.data} on {loaded.source}")
     jobs = [make_job(s, bd3_model if is_bd3(s) else main_model, cfg, problems, shots) for s in strategies]
+    margins = {j.strategy.name: declaration(cfg.margin, cfg.baseline, j.strategy.name) for j in jobs}
     for j in jobs:  # every file is checked before any compute
         path = cfg.out / f"{j.strategy.name}.jsonl"
         done = existing_records(path)
         check_resumable(done, path, j.config_hash, j.loaded.weights)
         check_same_problems(done, problems, path)
+        check_declared(cfg.out, j.strategy.name, margins[j.strategy.name], bool(done))
     sha = git_sha()
     if info.is_main:
         write_run_config(cfg.out, {j.strategy.name: {"config_hash": j.config_hash, "config": j.config,
-                                                      "model_weights": j.loaded.weights} for j in jobs},
-                         cfg.baseline, sha, sys.argv[1:])
+                                                      "model_weights": j.loaded.weights,
+                                                      **({"margin": m} if (m := margins[j.strategy.name]) else {})}
+                                   for j in jobs}, cfg.baseline, sha, sys.argv[1:])
     for j in jobs:
         run_job(j, problems, shots, cfg, info, clock)
     distributed.barrier(info)
