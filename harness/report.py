@@ -221,7 +221,22 @@ def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed:
             "noninferiority": {"interval": noninferiority.INTERVAL, "margins_pp": {
                 r.strategy: r.margin_pp for r in rows if math.isfinite(r.margin_pp)}},
             **({"chain_steps": {"computed": chain, "note": chain_note}} if chain or chain_note else {}),
+            "above_flop_ideal": above_ideal(rows),
             **({"problem_sets": asdict(sets)} if sets else {})}
+
+
+def above_ideal(rows: Sequence[Row]) -> list[str]:
+    """Rows whose speed-up exceeds their FLOP ideal: time cannot beat the FLOPs it follows, so
+    such a row and its reference were not timed alike (another load, another invocation)."""
+    return [r.strategy for r in rows if math.isfinite(r.speedup) and math.isfinite(r.flop_ideal)
+            and r.speedup > r.flop_ideal]
+
+
+def _ideal_words(meta: dict) -> list[str]:
+    rows = meta["above_flop_ideal"]
+    return [f"**Speed-up above its FLOP ideal** ({', '.join(rows)}): these rows and `{meta['speedup_reference']}` "
+            "were not timed alike (another load or invocation), so their speed-ups are not evidence; their "
+            "accuracies are.", ""] if rows else []
 
 
 def _speedup_words(meta: dict) -> str:
@@ -249,7 +264,7 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"same problems (b/c: problems only it / only this row solves); FLOP ideal: its FLOPs per token "
              f"over this row's, the speed-up if time followed FLOPs.{_batch_words(meta)}", "",
              noninferiority.words(ref), "", *([chain_steps.words(meta), ""] if "chain_steps" in meta else []),
-             *([meta["problem_sets"]["note"], ""] if "problem_sets" in meta else []),
+             *([meta["problem_sets"]["note"], ""] if "problem_sets" in meta else []), *_ideal_words(meta),
              f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | {noninferiority.header(ref)}"
              f"{chain_steps.HEADER if chain else ''}tokens/s{' (batch size)' if mixed else ''} | "
              f"speed-up vs {ref} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "

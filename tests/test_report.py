@@ -227,3 +227,18 @@ def test_float_noise_in_the_inputs_moves_no_written_byte(tmp_path, monkeypatch):
     assert len(effects) == 2 and all(e["accuracy_pp"] == 0.0 for e in effects)  # equal accuracies: exact zeros
     for name in ("table.json", "table.md", "table.csv", "ablation.md", "ablation.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_a_speed_up_above_its_flop_ideal_is_flagged_not_believed():
+    """Time cannot beat the FLOPs it follows: such rows are named in a note (their accuracy stands)."""
+    from types import SimpleNamespace as Row_
+
+    from harness.report import _ideal_words, above_ideal
+
+    nan = float("nan")
+    rows = [Row_(strategy="base", speedup=1.0, flop_ideal=1.0), Row_(strategy="fast", speedup=3.1, flop_ideal=3.0),
+            Row_(strategy="fair", speedup=2.9, flop_ideal=3.0), Row_(strategy="untimed", speedup=nan, flop_ideal=2.0)]
+    assert above_ideal(rows) == ["fast"]
+    words = _ideal_words({"above_flop_ideal": ["fast"], "speedup_reference": "base"})
+    assert words[0].startswith("**Speed-up above its FLOP ideal** (fast)") and "`base`" in words[0]
+    assert _ideal_words({"above_flop_ideal": [], "speedup_reference": "base"}) == []
