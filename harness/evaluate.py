@@ -86,6 +86,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def batch_generator(device: torch.device, seed: int, first: int) -> torch.Generator:
+    """The noise of the batch whose first problem is ``problems[first]``: seeded by the batch, not the call."""
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + first)
+
+
+def timed_generate(model, ids, mask, strategy: Sampler, generator: torch.Generator,
+                   clock: Callable[[], float] = time.perf_counter, **kwargs) -> tuple:
+    """:func:`dlm.spec.generate` between two ``clock`` reads, synchronised before and after on CUDA:
+    (its output, the call's seconds)."""
+    device = ids.device
+    _sync(device)
+    t0 = clock()
+    out = generate(model, ids, mask, strategy, generator=generator, **kwargs)
+    _sync(device)
+    return out, clock() - t0
+
+
 def make_records(tokenizer, model, strategy: Sampler, problems: Sequence[Problem], idx: Sequence[int], out, mask,
                  seconds: float, tags: dict) -> list[dict]:
     """Per-sample records of one sampler call over the rows ``idx`` (indices into ``problems``)."""
@@ -167,12 +184,9 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], strategy: Sampler, l
             continue
         ids, mask = left_pad([prompts[i] for i in idx], pad)  # (b, P) each
         ids, mask = ids.to(device), mask.to(device)
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + idx[0])
-        _sync(device)
-        t0 = clock()
-        out = generate(model, ids, mask, strategy, generator=gen, callback=callback, compile=compile)  # (b, P + G)
-        _sync(device)
-        seconds = (clock() - t0) / len(idx)
+        out, seconds = timed_generate(model, ids, mask, strategy, batch_generator(device, seed, idx[0]), clock,
+                                      callback=callback, compile=compile)  # (b, P + G)
+        seconds /= len(idx)
         fresh = [{**r, **tail} for r in make_records(tokenizer, model, strategy, problems, idx, out, mask,
                                                      seconds, tags) if r["id"] not in done]
         if log is not None:

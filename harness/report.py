@@ -146,7 +146,7 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
         raise ValueError(f"--out {out} is not a directory")
     runs = {}
     for path in out.glob("*.jsonl"):
-        if ".rank" in path.stem:
+        if ".rank" in path.stem or path.name == "timing.jsonl":  # experiments.eval.timing's cells
             continue
         records = read_records(path, expected_of(path, REPORT, strategy=path.stem))  # checked, not trusted
         if records:

@@ -107,8 +107,9 @@ class Loaded:
     weights: Optional[str] = None  # dlm.checkpoints.weights_fingerprint of the checkpoint
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = parser("experiments.eval.gsm8k", __doc__, paragraphs=2)
+def build_parser(module: str = "experiments.eval.gsm8k", doc: str = __doc__, paragraphs=2) -> argparse.ArgumentParser:
+    """The harness's flags under ``python -m <module>`` (experiments.eval.timing adds its own)."""
+    p = parser(module, doc, paragraphs=paragraphs)
     add_list_flag(p, "--list-strategies", listing, "print every grid and strategy name and exit")
     p.add_argument("--model", default=str(DEFAULT_MODEL), metavar="DIR",
                    help="checkpoint dir or hub id (default: llada-arith)")
@@ -157,7 +158,11 @@ def _data_tag(data: str) -> str:
 def parse_config(argv=None) -> HarnessConfig:
     """Parse and validate the command line; bad values raise ValueError naming the flag."""
     p = build_parser()
-    a = p.parse_args(argv)
+    return config_of(p, p.parse_args(argv))
+
+
+def config_of(p: argparse.ArgumentParser, a: argparse.Namespace) -> HarnessConfig:
+    """The :class:`HarnessConfig` of parsed flags ``a`` of ``p``; bad values raise ValueError naming the flag."""
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     if a.batch_size < 1:
