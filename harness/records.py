@@ -160,6 +160,12 @@ def run_config(folder) -> dict:
     return cfg
 
 
+def strategy_files(folder) -> list[Path]:
+    """The per-strategy sample files of a harness folder, sorted: ``<strategy>.jsonl``, without the
+    per-rank logs (``.rank{r}``) and the timing cells (``timing.jsonl``, :mod:`harness.timing`)."""
+    return sorted(p for p in Path(folder).glob("*.jsonl") if ".rank" not in p.stem and p.name != "timing.jsonl")
+
+
 def write_run_config(folder, strategies: dict, baseline: str, sha: str, argv: list) -> None:
     """Merge ``strategies`` (name -> config hash, config, weights) into ``<folder>/config.json``
     with the commit ``sha`` and the command's ``argv`` (absolute paths inside the checkout made

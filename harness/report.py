@@ -41,7 +41,7 @@ import numpy as np
 from dlm.io import round_floats, stable_json
 from harness.cli import parser, run_main
 from harness.problem_sets import ProblemSets, align
-from harness.records import REPORT, expected_of, read_records, run_config
+from harness.records import strategy_files, REPORT, expected_of, read_records, run_config
 from harness.results import atomic_write_text
 from tasks.evaluate import mcnemar_exact
 from harness.frontier import _fmt, frontier, render_frontier
@@ -145,9 +145,7 @@ def load_runs(out: Path) -> dict[str, list[dict]]:
     if not out.is_dir():
         raise ValueError(f"--out {out} is not a directory")
     runs = {}
-    for path in out.glob("*.jsonl"):
-        if ".rank" in path.stem or path.name == "timing.jsonl":  # experiments.eval.timing's cells
-            continue
+    for path in strategy_files(out):
         records = read_records(path, expected_of(path, REPORT, strategy=path.stem))  # checked, not trusted
         if records:
             runs[path.stem] = sorted(records, key=lambda r: (r.get("index", 0), str(r["id"])))

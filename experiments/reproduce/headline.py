@@ -29,7 +29,7 @@ from dlm.io import round_floats
 from tasks.evaluate import mcnemar_exact
 from harness.methods import methods_table
 from harness.cli import parser, run_main
-from harness.records import read_records
+from harness.records import read_records, strategy_files
 from harness.results import REPO, read_jsonl, write_if_changed
 from experiments.perplexity.seeds import paired_ci
 
@@ -227,8 +227,8 @@ def results_doc(results: Path = RESULTS) -> str:
             continue
         base = records(folder.name, ref, results)
         lines = []
-        for path in sorted(folder.glob("*.jsonl")):
-            if path.stem == ref or ".rank" in path.stem:
+        for path in strategy_files(folder):
+            if path.stem == ref:
                 continue
             ev = paired(base, read_jsonl(path))
             ideal = f"{ev['flop_ideal']:.2f}x" if "flop_ideal" in ev else "-"
