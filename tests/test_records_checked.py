@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import tokenizer_model
+from test_gsm8k_harness import ckpt  # noqa: F401  (the tiny harness checkpoint fixture)
 
-from dlm import save_model
 from experiments.eval import gsm8k
 from harness import chain_steps, noninferiority, report
 from harness.cli import run_main
@@ -147,15 +146,6 @@ def test_a_valid_run_reports_as_before(tmp_path):
 
 
 # ---------------------------------------------------------------------- case 5: the resume path
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    from tasks.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    model = tokenizer_model(tok)
-    with torch.no_grad():
-        model.lm_head.weight[tok.eos_token_id] *= 4  # some rows stop early
-    return save_model(model, tok, tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
 class Clock:

@@ -8,10 +8,8 @@ import statistics
 
 import numpy as np
 import pytest
-import torch
-from tiny import tokenizer_model
+from test_gsm8k_harness import ckpt  # noqa: F401  (the tiny harness checkpoint fixture)
 
-from dlm import save_model
 from experiments.eval import gsm8k, timing
 from harness import cli, report
 from harness.results import read_jsonl
@@ -34,15 +32,6 @@ class ScriptedClock:
         return self.now
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from tasks.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    model = tokenizer_model(tok)
-    with torch.no_grad():
-        model.lm_head.weight[tok.eos_token_id] *= 4  # some rows stop early
-    return save_model(model, tok, tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
 def argv(ckpt, out, *extra) -> list[str]:
