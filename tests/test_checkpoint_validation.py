@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from test_runs_reliability import one_line_error as _one_line
 from tiny import tiny_model, tokenizer_model
 
 from dlm import load_model, save_model
 from dlm.checkpoints import load_tokenizer, model_kind, read_config
-from harness import cli
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "results" / "checkpoints"
@@ -38,27 +39,11 @@ def _edit_config(path: Path, **changes) -> Path:
 
 
 def _tensors(path: Path) -> dict:
-    from safetensors.torch import load_file
-
     return load_file(str(path / "model.safetensors"))
 
 
 def _write_tensors(path: Path, tensors: dict) -> None:
-    from safetensors.torch import save_file
-
     save_file(tensors, str(path / "model.safetensors"))
-
-
-def _one_line(main, argv, capsys) -> str:
-    """The one stderr line of ``run_main(main, argv)``: exit status 2, no traceback."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        cli.run_main(main, argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _harness_ckpt(tmp_path, name: str, extra=None, bd3=None) -> Path:
