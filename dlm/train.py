@@ -2,9 +2,8 @@
 
 ``train(model, objective, batches, config)`` optimises ``objective(model, batch, generator)``
 (see :mod:`dlm.objectives`). Determinism and resumption rest on *per-step* randomness: the
-generators for data, noise and micro-batches at step ``s`` are seeded from ``(config.seed, s)``,
-so a resumed run needs only the step counter (plus model / optimizer / EMA state) to continue
-exactly where an uninterrupted run would be.
+generators for data, noise and micro-batches at step ``s`` are seeded from ``(config.seed, s)``:
+a resumed run needs only the step counter and the model / optimizer / EMA state.
 
 Data: ``batches`` is either ``batch_fn(step, generator) -> dict`` (resumable for free) or an
 iterable of dicts (on resume the first ``step`` batches are skipped). Every rank must receive
@@ -219,9 +218,8 @@ def train(
 
     save_fn(model, tokenizer, dir) exports the model (default ``dlm.checkpoints.save_model``);
     eval_fn(model) -> dict runs on rank 0 under ``no_grad`` on the EMA weights when enabled.
-    recipe / force_recipe: see :func:`check_resume`; the recipe and its recorded changes are
-    stored in ``trainer_state.pt``. should_stop() (rank 0, after each evaluation's record is in
-    ``metrics.jsonl``, and at a resume) ends the run early with a checkpoint when it returns True.
+    recipe / force_recipe: see :func:`check_resume` (stored in ``trainer_state.pt``). should_stop()
+    (rank 0, after each logged evaluation and at a resume): True ends the run with a checkpoint.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -320,7 +318,7 @@ def _train(model, objective, batches, config: TrainConfig, tokenizer, eval_fn, s
         return metrics
 
     def stop() -> bool:  # rank 0 decides, every rank follows
-        flag = float(info.is_main and should_stop is not None and bool(should_stop()))
+        flag = float(info.is_main and should_stop is not None and should_stop())
         return bool(distributed.all_reduce_mean(torch.tensor([flag], device=device), info).item() > 0)
 
     def log(record: dict) -> None:

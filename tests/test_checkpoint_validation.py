@@ -1,6 +1,5 @@
-"""A checkpoint is validated whole at load: config keys present and typed (the error names the
-file and the key), every tensor used, all weights finite, shard names inside the folder, BD3-LM
-metadata consistent, and the attention the model was trained with enforced against the sampler."""
+"""A checkpoint is validated whole at load: config keys present and typed (naming file and key), every
+tensor used, weights finite, shards inside the folder, BD3-LM metadata consistent, attention enforced."""
 
 from __future__ import annotations
 

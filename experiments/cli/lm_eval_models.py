@@ -5,8 +5,7 @@
         --tasks gsm8k_local --include_path experiments/cli/lm_eval_tasks --batch_size 8
     python -m experiments.cli.lm_eval_models --model bd3lm --model_args pretrained=BD3_PATH,gen_length=64 ...
 
-It registers both models, then runs lm-eval's own CLI (every lm-eval flag works). In Python:
-``import experiments.cli.lm_eval_models``, then ``lm_eval.simple_evaluate(model="fastdllm", ...)``.
+It registers both models, then runs lm-eval's own CLI; in Python, import it, then ``lm_eval.simple_evaluate``.
 
 generate_until: the prompts of a batch are left padded and decoded by one
 :class:`dlm.spec.Sampler` (``fastdllm``: ``strategy=NAME`` from the grids, or any sampler field

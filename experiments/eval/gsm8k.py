@@ -19,19 +19,16 @@ text the tokenizer cannot represent is reported (:mod:`harness.prompt_checks`).
 Strategies (--strategies, names or grids from harness/grids.py; ``--list-strategies``
 prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and rules and
 ``bd3lm``; grid ``factorial`` = the 24 ``abl_*`` cells of cache x parallel x stop_at_eos x block
-size. ``bd3lm`` runs its block-causal model from --bd3-model and is skipped with a message
-without it; ``--bd3-context N`` raises that model's context limit for the run (its RoPE has no
-learned positions, and BD3-LM stops at the first EOS block, so only a row that does not stop
-reads positions past its training). ``--sort-prompts`` batches prompts of similar length
-(longest first): less padding; each record keeps its batch's padded width.
+size. ``bd3lm`` runs its block-causal model from --bd3-model (skipped without it); ``--bd3-context
+N`` raises its context limit (no learned positions; it stops at its first EOS block).
+``--sort-prompts`` batches prompts of similar length (less padding; records keep their batch width).
 
 Outputs under --out (default ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one
 record per sample (fields: :mod:`harness.records`), appended batch by batch; a rerun skips the ids
 written (another config for the same strategy is refused); ranks write ``<strategy>.rank{r}.jsonl``,
-merged by rank 0. Then ``config.json`` (git SHA, every strategy's config, and the ``--margin`` declared
-against --baseline: harness.noninferiority; a row's margin is fixed once it has samples) and harness/report.py's
-tables, Pareto plot and ablation. Throughput = tokens up to and including the first EOS / seconds
-of the sampler calls (a batch's time divided among its rows), the same for every strategy.
+merged by rank 0. Then ``config.json`` (git SHA, every strategy's config and ``--margin``, fixed
+once a row has samples: harness.noninferiority) and harness/report.py's tables, plot and ablation.
+Throughput = tokens up to the first EOS / seconds of the sampler calls, alike for every strategy.
 """
 
 from __future__ import annotations
@@ -117,8 +114,7 @@ def build_parser(module: str = "experiments.eval.gsm8k", doc: str = __doc__, par
                    help="BD3-LM checkpoint for bd3lm (else skipped)")
     p.add_argument("--bd3-context", type=int, default=None, metavar="N",
                    help="raise --bd3-model's max_seq_len to N (recorded)")
-    p.add_argument("--data", default="arith",
-                   help="arith (default), gsm8k (Hub) or a GSM8K jsonl")
+    p.add_argument("--data", default="arith", help="arith (default), gsm8k (Hub) or a GSM8K jsonl")
     p.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="worked examples per prompt (default 0)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help=f"first N problems (default all; {DEFAULT_ARITH_N} for arith)")
