@@ -59,8 +59,14 @@ class ARCache(CachePolicy):
         else:  # the column decoded last; the window's only logit is its hidden state's, shifted or not
             start, stop, head = lo - 1, lo, slice(0, 1)
         cols = torch.arange(start, stop, device=run.x.device)  # (W,) query columns
-        am = run.attention_mask
-        mask = causal_mask(cols, stop, None if am is None else am[:, :stop])  # (1|B, 1, W, stop)
-        if am is not None:
-            mask = mask | (cols[:, None] == torch.arange(stop, device=run.x.device)[None, :])
-        return run.forward(start, stop, mask, head, commit=True)  # (B, 1, V)
+        return run.forward(start, stop, ar_mask(cols, stop, run.attention_mask), head, commit=True)  # (B, 1, V)
+
+
+def ar_mask(cols: Tensor, stop: int, attention_mask: Optional[Tensor]) -> Tensor:
+    """(1|B, 1, W, stop): query columns ``cols`` see keys ``<=`` themselves among ``[0, stop)``,
+    without the left padding, and each query sees itself (a padding query has no real key)."""
+    am = attention_mask
+    mask = causal_mask(cols, stop, None if am is None else am[:, :stop])
+    if am is not None:
+        mask = mask | (cols[:, None] == torch.arange(stop, device=cols.device)[None, :])
+    return mask

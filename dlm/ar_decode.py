@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import BACKENDS, causal_mask
+from .ar import ar_mask
+from .attention import BACKENDS
 from .cache import KVCache
 from .commit import check_int
 from .sample import GenerateOutput, _fill_eos
@@ -53,11 +54,8 @@ def ar_decode(model, input_ids: Tensor, attention_mask: Tensor | None, gen_lengt
     cos, sin = model.rope_tables(batch.positions, model.embed.weight.dtype)  # (B, 1, T, D) each
     stop = P + int(cfg.shift_logits)  # the prefill: logit P needs column P on a shifted model
     cols = torch.arange(stop, device=dev)
-    mask = causal_mask(cols, stop, None if am is None else am[:, :stop])  # (1|B, 1, stop, stop)
-    if am is not None:
-        mask = mask | (cols[:, None] == cols[None, :])  # a padding query sees itself
-    logits = model(x[:, :stop], positions=batch.positions[:, :stop], cache=cache, attn_mask=mask, start=0,
-                   commit=True, backend=backend, logits_slice=slice(stop - 1, stop),
+    logits = model(x[:, :stop], positions=batch.positions[:, :stop], cache=cache, attn_mask=ar_mask(cols, stop, am),
+                   start=0, commit=True, backend=backend, logits_slice=slice(stop - 1, stop),
                    rope=(cos[:, :, :stop], sin[:, :, :stop]))  # (B, 1, V)
     keys = (torch.ones(1, 1, 1, T, dtype=torch.bool, device=dev) if am is None
             else am.bool()[:, None, None, :].contiguous())  # (1|B, 1, 1, T): a step's query is real
@@ -79,7 +77,8 @@ def ar_decode(model, input_ids: Tensor, attention_mask: Tensor | None, gen_lengt
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t_start
-    return GenerateOutput(x, _stats(model, x, P, stop, j, stop_at_eos, seconds), _commit_steps(x, P, j, eos, stop_at_eos))
+    steps = _commit_steps(x, P, j, eos, stop_at_eos)  # (B, G)
+    return GenerateOutput(x, _stats(model, x, P, stop, j, steps, seconds), steps)
 
 
 def _commit_steps(x: Tensor, P: int, end: int, eos: int | None, stop_at_eos: bool) -> Tensor:
@@ -93,7 +92,7 @@ def _commit_steps(x: Tensor, P: int, end: int, eos: int | None, stop_at_eos: boo
     return torch.where(ran, i, torch.full_like(i, -1))
 
 
-def _stats(model, x: Tensor, P: int, prefill: int, end: int, stop_at_eos: bool, seconds: float) -> SampleStats:
+def _stats(model, x: Tensor, P: int, prefill: int, end: int, commit_steps: Tensor, seconds: float) -> SampleStats:
     """The call's costs, counted after the loop: one prefill of ``prefill`` columns, then one
     column per step over ``j`` keys for every column ``j`` in ``(P, end)``."""
     cfg = model.config
@@ -108,5 +107,5 @@ def _stats(model, x: Tensor, P: int, prefill: int, end: int, stop_at_eos: bool, 
                         seconds=seconds, forward_kinds=kinds,
                         extra={"cache": "ar-lean", "rule": "greedy", "flops": sum(k[2] for k in kinds.values())})
     stats.tokens_until_eos = tokens_until_eos(answer, cfg.eos_token_id)
-    stats.row_tokens = _commit_steps(x, P, end, cfg.eos_token_id, stop_at_eos).ge(0).sum(-1)
+    stats.row_tokens = commit_steps.ge(0).sum(-1)
     return stats
