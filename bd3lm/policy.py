@@ -47,17 +47,25 @@ class ExactBlockCache(CachePolicy):
                attention_mask: Optional[Tensor]) -> tuple[tuple[int, int], ...]:
         return block_layout(self.align, prompt_len, gen_length, block_length, attention_mask)
 
-    def _mask(self, run: Run, lo: int, hi: int) -> Tensor:
+    def _mask(self, run: Run, lo: int, hi: int) -> Optional[Tensor]:
         """(1|B, 1, hi - lo, hi) bool: queries ``[lo, hi)`` over keys ``[0, hi)``, block-causal; a
-        padded row's queries always see themselves (no empty softmax row)."""
-        ids = block_ids(run.x.shape[1], self.block_size, run.prompt_len if self.align == "prompt" else 0,
-                        device=run.x.device)  # (T,)
+        padded row's queries always see themselves (no empty softmax row). Built once per window
+        (a block's steps share it). A window inside one block sees every key before ``hi`` (the
+        keys' blocks are its own or earlier), so only padding hides keys: None without padding."""
+        memo = run.state.get("bd3_mask")
+        if memo is not None and memo[0] == (lo, hi):
+            return memo[1]
+        start = run.prompt_len if self.align == "prompt" else 0
+        ids = block_ids(hi, self.block_size, start, device=run.x.device)  # (hi,)
         am = run.attention_mask
-        m = block_causal_mask(ids[lo:hi], ids[:hi], None if am is None else am[:, :hi])
         if am is None:
-            return m
-        cols = torch.arange(hi, device=run.x.device)
-        return m | (cols[lo:hi, None] == cols[None, :])
+            one_block = lo >= start and (lo - start) // self.block_size == (hi - 1 - start) // self.block_size
+            m = None if one_block or hi <= start else block_causal_mask(ids[lo:hi], ids)
+        else:
+            cols = torch.arange(hi, device=run.x.device)
+            m = block_causal_mask(ids[lo:hi], ids, am[:, :hi]) | (cols[lo:hi, None] == cols[None, :])
+        run.state["bd3_mask"] = ((lo, hi), m)
+        return m
 
     def start(self, run: Run) -> None:
         ctx_end = run.blocks[0][0] if run.blocks else run.x.shape[1]

@@ -189,7 +189,9 @@ def sparse_plan(mask: Tensor, chunk: int = 64) -> SparsePlan:
 
 
 def _blocksparse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, n_rep: int) -> Tensor:
-    """SDPA per query chunk over its visible key columns only (:func:`sparse_plan`)."""
+    """SDPA per query chunk over its visible key columns only (:func:`sparse_plan`); no mask: SDPA."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=n_rep > 1)
     if not isinstance(mask, Tensor) or mask.dim() != 4 or mask.shape[-2] != q.shape[2]:
         raise ValueError("backend='blocksparse' needs a dense bool mask of shape (B|1, 1, Q, K)")
     plan = sparse_plan(mask)

@@ -114,3 +114,21 @@ def kinds(model, stats, batch: int, hw: dict, matmuls: bool = False) -> list[dic
             row.update(matmul_each=mm, matmul_over_measured=mm * n / sec if sec else None)
         out.append(row)
     return out
+
+
+def matmuls_of_call(model, stats, batch: int):
+    """A function running one sampler call's matmuls alone: each forward kind of
+    ``stats.forward_kinds`` (its count of times) at its shape (:func:`matmul_call`, ``batch`` rows
+    per window column). Its time is the call's matmul floor: what the BLAS takes at the call's
+    shapes, without attention, norms, RoPE and the loop."""
+    counts: dict[tuple[int, int], int] = {}
+    for (q, _keys, head), (n, _s, _f) in stats.forward_kinds.items():
+        counts[(q, head)] = counts.get((q, head), 0) + n
+    calls = [(n, matmul_call(model, batch * q, batch * head)) for (q, head), n in sorted(counts.items())]
+
+    def run() -> None:
+        for n, fn in calls:
+            for _ in range(n):
+                fn()
+
+    return run

@@ -130,3 +130,43 @@ def test_bad_input():
     with pytest.raises(ValueError, match="padding"):
         ids2, mask = left_pad([[5, 6, 7], [8, 9]], 0)
         sample(model, ids2, mask, block_size=4, max_length=8, align="absolute")
+
+
+@pytest.mark.parametrize("align", ["prompt", "absolute"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_window_mask_equals_brute_force(align, padded):
+    """The exact policy's per-window mask (None when nothing is hidden) against the block-causal
+    rule written out key by key; a block's steps share one mask object."""
+    from bd3lm.policy import ExactBlockCache
+    from dlm.sample import Run
+    from dlm.stats import ForwardTimer, SampleStats
+
+    L, P, G = 4, 8, 12
+    model = tiny_model()
+    T = P + G
+    am = None
+    if padded:
+        am = torch.ones(2, T, dtype=torch.long)
+        am[1, :4] = 0  # a multiple of L, so ``absolute`` accepts it
+    policy = ExactBlockCache(block_size=L, align=align)
+    stats = SampleStats(extra={"flops": 0})
+    run = Run(model, torch.zeros(2, T, dtype=torch.long), torch.zeros(2, T, dtype=torch.long), am, P, 0,
+              (), "sdpa", stats, ForwardTimer(stats, torch.device("cpu"), False))
+    start = P if align == "prompt" else 0
+
+    def block(c):
+        return 0 if c < start else (c - start) // L + (1 if start > 0 else 0)
+
+    windows = [(0, P - (P % L if align == "absolute" else 0))] + list(policy.layout(P, G, L, am))
+    for lo, hi in windows:
+        got = policy._mask(run, lo, hi)
+        assert policy._mask(run, lo, hi) is got
+        want = torch.zeros(2, 1, hi - lo, hi, dtype=torch.bool)
+        for b in range(2):
+            for q in range(lo, hi):
+                for k in range(hi):
+                    real = am is None or bool(am[b, k])
+                    want[b, 0, q - lo, k] = (block(k) <= block(q) and real) or (am is not None and q == k)
+        full = torch.ones_like(want) if got is None else got.expand_as(want)
+        assert torch.equal(full, want), (align, padded, lo, hi)
+        assert (got is None) == (not padded and block(lo) == block(hi - 1))

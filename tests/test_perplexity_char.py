@@ -17,7 +17,7 @@ from harness.results import read_jsonl
 from experiments.perplexity.__main__ import parse_config, run
 from experiments.perplexity.config import DATASETS, locate
 from experiments.perplexity.report import bars, paper_gap_shares
-from experiments.perplexity.seeds import SEPARATION, paired_ci, render, seed_configs, summarize
+from experiments.perplexity.seeds import paired_ci, render, seed_configs, seeds_for_power, summarize, t_cdf, t_quantile, welch
 
 SHA = DATASETS["tinyshakespeare"]["all"][1]
 
@@ -117,7 +117,7 @@ def test_seeds_are_separate_runs(tmp_path, shared_data):
     assert len(mc["chunk_mc_nats"]) == len(mc["chunk_nelbo_nats"]) == 4 and mc["nelbo_reps"] == 4
     assert mc["nelbo"] == pytest.approx(sum(mc["chunk_mc_nats"]) / mc["tokens"])
     text = md.read_text()
-    assert "[0, 1] of [0, 1]" in text and SEPARATION in text and "95% t interval" in text and "Clipping" in text
+    assert "[0, 1] of [0, 1]" in text and "one-sided Welch test" in text and "95% t interval" in text and "Clipping" in text
     assert "| eval s.e. |" in text and "| ar | 1 | 2 |" in text and "| exact |" in text
     # one pass of chunk_nelbo is bd3.perplexity's estimate on the same chunks and noise
     one = seed_configs(cfg)[0]
@@ -177,7 +177,10 @@ def test_summary_against_brute_force():
     for p in summ["pairs"]:
         a, b = vals[p["a"]], vals[p["b"]]
         sa, sb = (math.sqrt(sum((v - sum(x) / 3) ** 2 for v in x) / 2) for x in (a, b))
-        assert p["separated"] == (abs(sum(a) / 3 - sum(b) / 3) > 2 * max(sa, sb))
+        t = (sum(b) / 3 - sum(a) / 3) / math.sqrt(sa * sa / 3 + sb * sb / 3)
+        df = (sa * sa / 3 + sb * sb / 3) ** 2 / ((sa * sa / 3) ** 2 / 2 + (sb * sb / 3) ** 2 / 2)
+        assert (p["welch"]["t"], p["welch"]["df"]) == pytest.approx((t, df))
+        assert p["separated"] == (p["welch"]["p"] < 0.05)
         assert p["ordered"] == (sum(a) < sum(b))
     assert [p["separated"] for p in summ["pairs"]] == [True, False, True, False]  # 0.002 / 0.001 apart: not
     m = {k: sum(v) / 3 for k, v in vals.items()}
@@ -231,7 +234,7 @@ def test_paired_by_seed_takes_out_the_shared_seed_noise():
         assert (c["mean"], c["sd"]) == pytest.approx((mu, sd))
         assert (c["lo"], c["hi"]) == pytest.approx((mu - 4.302653 * sd / math.sqrt(3), mu + 4.302653 * sd / math.sqrt(3)),
                                                    rel=1e-5)
-    assert [p["separated"] for p in summ["pairs"]] == [True, False, False, False]
+    assert [p["separated"] for p in summ["pairs"]] == [True, False, False, False]  # the shared 0.05 spread
     assert [p["paired"]["lo"] > 0 for p in summ["pairs"]] == [True, True, True, False]  # mdlm's own noise: not
     text = render({"config": {"preset": "char", "eval": {"seed": 1}, "data": {"seq_len": 64, "train": "t", "test": "u",
                                                                             "tokenizer": "char"}}, "run": "x-s0"},
@@ -248,7 +251,7 @@ def test_t_quantile_matches_tables():
              (0.975, 49): 2.00957523713, (0.995, 5): 4.03214298356, (0.95, 30): 1.69726088659}
     for (p, df), t in table.items():
         assert t_quantile(p, df) == pytest.approx(t, rel=1e-7), (p, df)
-    for bad in ((0.4, 3), (1.0, 3), (0.975, 0), (0.975, 2.5)):
+    for bad in ((0.4, 3), (1.0, 3), (0.975, 0), (0.975, -2.5)):
         with pytest.raises(ValueError, match="df"):
             t_quantile(*bad)
 
@@ -274,3 +277,41 @@ def test_mc_elbo_paired_interval():
     summ = summarize(fake, 16)
     assert summ["mc"][0]["ci"]["mean"] == pytest.approx(ci["mean"] / 16)  # per token
     assert json.dumps(summ)  # plain numbers
+
+
+@pytest.mark.parametrize("p,df,want", [(0.95, 4, 2.131847), (0.975, 10, 2.228139), (0.8, 5, 0.919544),
+                                       (0.95, 1, 6.313752), (0.99, 30, 2.457262)])
+def test_t_quantile_and_cdf_against_tables(p, df, want):
+    """Student-t quantiles from the standard tables; the CDF inverts them, for fractional df too."""
+    assert t_quantile(p, df) == pytest.approx(want, abs=2e-6)
+    assert t_cdf(want, df) == pytest.approx(p, abs=1e-6)
+    x = t_quantile(p, df + 0.5)  # fractional df (Welch): between its whole neighbours
+    assert t_quantile(p, df + 1) < x < t_quantile(p, df) and t_cdf(x, df + 0.5) == pytest.approx(p, abs=1e-9)
+
+
+def test_welch_p_against_monte_carlo_and_power_against_simulation():
+    """p = P(T_df >= t) checked by simulating the t statistic under equal means (Welch's df is an
+    approximation, so to 0.01); the planned seed count reaches the power, one fewer does not."""
+    rng = random.Random(0)
+    a, b = [2.0 + rng.gauss(0, 0.02) for _ in range(5)], [2.03 + rng.gauss(0, 0.04) for _ in range(5)]
+    w = welch(a, b)
+
+    def t_null(sa, sb, n):
+        xa, xb = [rng.gauss(0, sa) for _ in range(n)], [rng.gauss(0, sb) for _ in range(n)]
+        (ma, va), (mb, vb) = ((statistics.fmean(x), statistics.variance(x)) for x in (xa, xb))
+        return (mb - ma) / math.sqrt(va / n + vb / n)
+
+    sims = [t_null(0.02, 0.04, 5) for _ in range(40000)]
+    assert sum(t >= w["t"] for t in sims) / len(sims) == pytest.approx(w["p"], abs=0.01)
+    assert welch([1.0], [2.0, 3.0]) is None and welch([1.0, 1.0], [2.0, 2.0]) is None
+    n = seeds_for_power(0.03, 0.02, 0.03)
+    assert n is not None and n > 2 and seeds_for_power(-0.01, 0.02, 0.03) is None
+
+    def power(k):  # share of simulated runs of k seeds each that the test separates at 0.05
+        hits = 0
+        for _ in range(3000):
+            xa, xb = [rng.gauss(0, 0.02) for _ in range(k)], [0.03 + rng.gauss(0, 0.03) for _ in range(k)]
+            hits += welch(xa, xb)["p"] < 0.05
+        return hits / 3000
+
+    assert power(n) >= 0.77 and power(n - 1) < power(n)

@@ -97,16 +97,48 @@ def test_bench_fastdllm_compile_columns(tmp_path, monkeypatch):
     assert "Compiled forward (`torch.compile`, dynamic shapes) against eager" in (tmp_path / "c.md").read_text()
 
 
-def test_bench_bd3lm_reports_the_exact_cache_against_the_roofline():
+def test_bench_bd3lm_reports_the_exact_cache_against_the_roofline(tmp_path):
     from experiments.bench import bench_bd3lm
 
     res = bench_bd3lm.main(["--d-model", "32", "--layers", "1", "--vocab", "64", "--train-len", "32", "--train-batch",
-                            "1", "--block-size", "8", "--lengths", "32", "--reps", "1", "--threads", "1"])
+                            "1", "--block-size", "8", "--lengths", "32", "--reps", "3", "--threads", "1",
+                            "--out", str(tmp_path)])
     row = res["sampling"]["32"]
+    assert row["tokens_equal"]
     for key in ("cached", "uncached"):
         assert row[key]["floor_s"] > 0
         assert row[key]["floor_over_measured"] == pytest.approx(row[key]["floor_s"] / row[key]["seconds"])
+        assert len(row["times"][key]) == len(row["times"][f"{key}_matmuls"]) == 3
+        assert row[key]["seconds"] == sorted(row["times"][key])[1]
     assert row["cached"]["flops"] < row["uncached"]["flops"]  # the exact cache removes compute
+    per_round = sorted(u / c for u, c in zip(row["times"]["uncached"], row["times"]["cached"]))
+    assert row["speedup"]["median"] == per_round[1] and row["speedup"]["rounds"] == 3
+    assert row["of_flop_ideal"]["median"] == pytest.approx(per_round[1] / row["flop_ideal"])
+    t = row["times"]
+    of_mm = sorted((u / c) / (um / cm) for u, c, um, cm in
+                   zip(t["uncached"], t["cached"], t["uncached_matmuls"], t["cached_matmuls"]))
+    assert row["of_matmul_ideal"]["median"] == pytest.approx(of_mm[1])
+    assert res["training"]["sdpa"]["ratio"]["rounds"] == 3
+    md = (tmp_path / "bd3lm.md").read_text()
+    assert "| 32 |" in md and "random model: d 32, 1 layers, vocab 64" in md
+
+
+def test_matmuls_of_call_runs_each_forward_kind_its_count_of_times(monkeypatch):
+    """The call's matmul floor replays every recorded forward kind exactly its count of times."""
+    from bd3lm import sample
+    from harness import roofline
+
+    model = tiny_model()
+    out = sample(model, random_prompts(1, 4, model.config), block_size=4, max_length=16, steps_per_block=2,
+                 stop_at_eos=False, use_cache=True)
+    made = []
+    monkeypatch.setattr(roofline, "matmul_call", lambda m, rows, head: lambda: made.append((rows, head)))
+    roofline.matmuls_of_call(model, out.stats, 1)()
+    want = {}
+    for (q, _k, h), (n, _s, _f) in out.stats.forward_kinds.items():
+        want[(q, h)] = want.get((q, h), 0) + n
+    assert {k: made.count(k) for k in set(made)} == want
+    assert len(made) == out.stats.nfe
 
 
 def test_kinds_of_the_same_shape_but_another_head_are_apart():

@@ -7,14 +7,15 @@ work runs on the calling thread, and the time other jobs hold the core is not co
 
 from __future__ import annotations
 
-import os
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from harness.roofline import sync
+from harness.timing import load_average, median_ci
+
+__all__ = ["clock_name", "fmt", "interleaved", "load_average", "median_ci", "ratio"]
 
 
 def clock_name(device: torch.device) -> str:
@@ -42,22 +43,6 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torc
     return times
 
 
-def median_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(median, low, high): the median of ``values`` and a percentile-bootstrap interval of it."""
-    xs = sorted(values)
-    med = _median(xs)
-    rng = random.Random(seed)
-    boots = sorted(_median(sorted(rng.choices(xs, k=len(xs)))) for _ in range(n_boot))
-    lo = boots[int((1 - level) / 2 * n_boot)]
-    hi = boots[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
-    return med, lo, hi
-
-
-def _median(xs: Sequence[float]) -> float:
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def ratio(times: dict[str, list[float]], num: str, den: str) -> dict:
     """``num`` / ``den`` per round: median and 95% bootstrap interval."""
     med, lo, hi = median_ci([a / b for a, b in zip(times[num], times[den])])
@@ -67,11 +52,3 @@ def ratio(times: dict[str, list[float]], num: str, den: str) -> dict:
 def fmt(r: dict) -> str:
     """``0.62 [0.58, 0.66]``."""
     return f"{r['median']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
-
-
-def load_average() -> list[float]:
-    """The 1, 5 and 15 minute load averages (empty where unavailable)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []

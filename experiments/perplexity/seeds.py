@@ -5,10 +5,14 @@ JSONL, exported checkpoints and trainer state, so no seed overwrites another) an
 ``perplexity_<run>_seeds.md`` / ``.csv`` from those JSONL files alone (:func:`write_seed_report`):
 
 - per model: test PPL and NELBO (nats/token), mean +- sample std (ddof 1) over seeds;
-- per adjacent pair of the ladder AR < L'4 < L'8 < L'16 < MDLM: ordered (mean_a < mean_b) and
-  separated, :data:`SEPARATION` (:func:`separated`), on the NELBO; and paired by seed (the
-  models of one seed share their initialisation and batches): the per-seed differences b - a
-  with a 95% t interval (:func:`paired_ci`), which takes out the noise the two rungs share;
+- per adjacent pair of the ladder AR < L'4 < L'8 < L'16 < MDLM, on the NELBO: ordered (mean_a <
+  mean_b); the one-sided Welch test of mean_a < mean_b (:func:`welch`, the ladder's test: a mean
+  difference against the standard error of the means, which more seeds shrink; the old rule
+  ``|mean_a - mean_b| > 2 max(std)`` compared it with the per-seed spread, which they do not); the
+  seeds per model that test needs for 80% power at the observed difference and spreads
+  (:func:`seeds_for_power`, the count a confirmation run fixes before it starts); and paired by
+  seed (the models of one seed share their initialisation and batches): the per-seed differences
+  b - a with a 95% t interval (:func:`paired_ci`), which takes out the noise the two rungs share;
 - the share of the MDLM->AR gap that L'4 closes, ``(MDLM - L'4) / (MDLM - AR)``, of the seed
   means and per seed, on the NELBO and on the PPL, next to the paper's on the same scale;
 - MC-ELBO cross-check of the MDLM model: the per-chunk paired difference LLaDA MC ELBO - BD3-LM
@@ -31,8 +35,8 @@ from dlm.io import round_floats
 from harness.results import write_if_changed
 from experiments.perplexity.report import GAP_SCALES, gap_share, load_run, paper_gap_shares, table2, table3
 
-#: the separation rule of two rungs a, b of the ladder (means and sample stds over seeds)
-SEPARATION = "|mean_a - mean_b| > 2 * max(std_a, std_b)"
+#: the ladder's test of two rungs a < b (:func:`welch`) and the power a seed count is planned for
+ALPHA, POWER = 0.05, 0.8
 LADDER = ("ar", "bd4", "bd8", "bd16", "mdlm")
 
 
@@ -50,12 +54,37 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def separated(a: Sequence[float], b: Sequence[float]) -> bool:
-    """:data:`SEPARATION` for the per-seed values of two rungs (False with fewer than 2 seeds each)."""
+def welch(a: Sequence[float], b: Sequence[float]) -> dict | None:
+    """One-sided Welch t-test of mean(a) < mean(b) (Welch 1947): t = (mean_b - mean_a) / sqrt(s_a^2/n_a
+    + s_b^2/n_b), Welch-Satterthwaite df, p = P(T_df >= t). None with fewer than 2 values each or
+    no spread."""
     if len(a) < 2 or len(b) < 2:
-        return False
+        return None
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    return abs(ma - mb) > 2 * max(sa, sb)
+    va, vb = sa * sa / len(a), sb * sb / len(b)
+    if va + vb == 0:
+        return None
+    t = (mb - ma) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    return {"t": t, "df": df, "p": 1.0 - t_cdf(t, df)}
+
+
+def seeds_for_power(diff: float, sa: float, sb: float, alpha: float = ALPHA, power: float = POWER,
+                    most: int = 100) -> int | None:
+    """Seeds per model for :func:`welch` at one-sided level ``alpha`` to reach ``power`` when the
+    means differ by ``diff`` > 0 with per-seed spreads ``sa``, ``sb``: the smallest n >= 2 with
+    ``t_{1-alpha, df} + t_{power, df} <= diff / sqrt((sa^2 + sb^2) / n)`` (the usual t-approximation
+    of the noncentral-t power; Welch df at n each). None if ``diff`` <= 0 or above ``most``."""
+    if diff <= 0:
+        return None
+    var = sa * sa + sb * sb
+    if var == 0:
+        return 2
+    for n in range(2, most + 1):
+        df = var * var * (n - 1) / (sa ** 4 + sb ** 4)
+        if t_quantile(1 - alpha, df) + t_quantile(power, df) <= diff / math.sqrt(var / n):
+            return n
+    return None
 
 
 def paired_ci(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> dict:
@@ -73,24 +102,31 @@ def paired_ci(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> di
     return {"mean": m, "lo": m - half, "hi": m + half, "sd": sd, "n": len(d)}
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Quantile ``p`` in (0.5, 1) of Student's t with ``df`` degrees of freedom: Newton's method on
-    the CDF ``1/2 + int_0^x pdf`` (Simpson's rule, 2000 panels), from the normal quantile."""
-    if not 0.5 < p < 1 or not isinstance(df, int) or df < 1:
-        raise ValueError(f"p must lie in (0.5, 1) and df be an int >= 1, got p={p}, df={df}")
+def _t_pdf(df: float):
     c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return lambda t: math.exp(c - (df + 1) / 2 * math.log1p(t * t / df))
 
-    def pdf(t: float) -> float:
-        return math.exp(c - (df + 1) / 2 * math.log1p(t * t / df))
 
-    def cdf(x: float, n: int = 2000) -> float:
-        h = x / n
-        odd, even = sum(pdf((2 * i - 1) * h) for i in range(1, n // 2 + 1)), sum(pdf(2 * i * h) for i in range(1, n // 2))
-        return 0.5 + h / 3 * (pdf(0.0) + 4 * odd + 2 * even + pdf(x))
+def t_cdf(x: float, df: float, n: int = 2000) -> float:
+    """CDF of Student's t with ``df`` > 0 (not necessarily whole) degrees of freedom at ``x``:
+    ``1/2 + int_0^x pdf`` by Simpson's rule over ``n`` panels."""
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    pdf = _t_pdf(df)
+    h = x / n
+    odd, even = sum(pdf((2 * i - 1) * h) for i in range(1, n // 2 + 1)), sum(pdf(2 * i * h) for i in range(1, n // 2))
+    return 0.5 + h / 3 * (pdf(0.0) + 4 * odd + 2 * even + pdf(x))
 
+
+def t_quantile(p: float, df: float) -> float:
+    """Quantile ``p`` in (0.5, 1) of Student's t with ``df`` > 0 degrees of freedom: Newton's
+    method on :func:`t_cdf` from the normal quantile."""
+    if not 0.5 < p < 1 or not df > 0:
+        raise ValueError(f"p must lie in (0.5, 1) and df be > 0, got p={p}, df={df}")
+    pdf = _t_pdf(df)
     x = statistics.NormalDist().inv_cdf(p)
     for _ in range(50):
-        step = (cdf(x) - p) / pdf(x)
+        step = (t_cdf(x, df) - p) / pdf(x)
         x -= step
         if abs(step) < 1e-12 * max(1.0, x):
             break
@@ -142,9 +178,12 @@ def summarize(per_seed: dict, L: int) -> dict:
         common = sorted(set(by[a]["seeds"]) & set(by[b]["seeds"]))
         ya = [xa[by[a]["seeds"].index(s)] for s in common]
         yb = [xb[by[b]["seeds"].index(s)] for s in common]
-        pairs.append({"a": a, "b": b, "diff": statistics.fmean(xb) - statistics.fmean(xa),
-                      "two_std": 2 * max(mean_std(xa)[1], mean_std(xb)[1]), "ordered": mean_std(xa)[0] < mean_std(xb)[0],
-                      "separated": separated(xa, xb), "seed_diffs": [y - x for x, y in zip(ya, yb)],
+        diff = statistics.fmean(xb) - statistics.fmean(xa)
+        test = welch(xa, xb)
+        pairs.append({"a": a, "b": b, "diff": diff, "ordered": diff > 0, "welch": test,
+                      "separated": test is not None and test["p"] < ALPHA,
+                      "seeds_for_power": seeds_for_power(diff, mean_std(xa)[1], mean_std(xb)[1]) if test else None,
+                      "seed_diffs": [y - x for x, y in zip(ya, yb)],
                       "paired": paired_ci(yb, ya) if len(common) > 1 else None})
     gap = None
     if {"ar", "bd4", "mdlm"} <= set(by):
@@ -200,11 +239,20 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
         sem = "exact" if m["exact"] else f"{max(sems):.4f}" if sems else "n/a (1 pass)"
         lines.append(f"| {m['model']} | {m['block_size']} | {len(m['seeds'])} | {bound}{_ms(m['ppl'], 2)} | "
                      f"{_ms(m['nelbo'], 4)} | {sem} | {', '.join(f'{p:.2f}' for p in m['ppl'])} |")
-    lines += ["", f"## Ladder order and separation (on the NELBO; separated: {SEPARATION})", "",
-              "| pair a < b | mean_b - mean_a | 2·max(std) | ordered | separated |", "|---|---:|---:|---|---|"]
+    lines += ["", "## Ladder order: one-sided Welch test of mean_a < mean_b on the NELBO", "",
+              f"Separated: p < {ALPHA}. Seeds for {POWER:.0%} power: the seeds per model the test needs to "
+              f"separate the pair at level {ALPHA} with probability {POWER:.0%} if the true difference and "
+              "spreads are the ones observed here (a confirmation run fixes its seed count from this before it "
+              "starts, and is tested on its own seeds only).", "",
+              "| pair a < b | mean_b - mean_a | Welch t (df) | one-sided p | ordered | separated | seeds for "
+              f"{POWER:.0%} power |", "|---|---:|---:|---:|---|---|---:|"]
     for p in summ["pairs"]:
-        lines.append(f"| {p['a']} < {p['b']} | {p['diff']:.4f} | {p['two_std']:.4f} | "
-                     f"{'yes' if p['ordered'] else 'NO'} | {'yes' if p['separated'] else 'NO'} |")
+        w = p["welch"]
+        test = "n/a" if w is None else f"{w['t']:.2f} ({w['df']:.1f})"
+        pv = "n/a" if w is None else f"{w['p']:.2g}"
+        need = p["seeds_for_power"] if p["seeds_for_power"] is not None else "n/a"
+        lines.append(f"| {p['a']} < {p['b']} | {p['diff']:.4f} | {test} | {pv} | {'yes' if p['ordered'] else 'NO'} | "
+                     f"{'yes' if p['separated'] else 'NO'} | {need} |")
     if any(p["paired"] for p in summ["pairs"]):
         lines += ["", "Paired by seed (a seed's models share their initialisation and batches): the per-seed "
                   "differences b − a, their mean ± std and 95% t interval; above 0: b is worse than a beyond the "
