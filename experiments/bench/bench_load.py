@@ -125,7 +125,7 @@ def bench(shape: str, batches, gen: int, block: int, device, dtype, strategies=S
         if not calls:
             continue
         load = load_average()
-        times = interleaved(calls, repeats, device)
+        times = interleaved(calls, repeats, device, warmup=False)  # the token calls above warmed them up
         useful = {name: int(out.stats.tokens_until_eos.sum()) for name, out in outs.items()}
         for name, out in outs.items():
             sec = median(times[name])

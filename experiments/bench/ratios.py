@@ -23,14 +23,16 @@ def clock_name(device: torch.device) -> str:
     return "thread_time" if device.type == "cpu" and torch.get_num_threads() == 1 else "perf_counter"
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device) -> dict[str, list[float]]:
-    """name -> ``repeats`` times (:func:`clock_name`'s clock): one warm-up call of each, then
-    ``repeats`` rounds timing every function once, the order rotated by one each round."""
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device,
+                warmup: bool = True) -> dict[str, list[float]]:
+    """name -> ``repeats`` times (:func:`clock_name`'s clock): one warm-up call of each (unless the
+    caller has just made one: ``warmup=False``), then ``repeats`` rounds timing every function
+    once, the order rotated by one each round."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     clock = getattr(time, clock_name(device))
     names = list(fns)
-    for name in names:
+    for name in names if warmup else ():
         fns[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
