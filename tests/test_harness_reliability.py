@@ -94,3 +94,19 @@ def test_config_records_checkout_paths_relative(ckpt, tmp_path, monkeypatch):
     write_run_config(cfg.out, {}, cfg.baseline, "abc", sys.argv[1:])
     got = json.loads((tmp_path / "o" / "config.json").read_text())["argv"]
     assert got[:2] == ["--model", "results/checkpoints/llada-arith"] and got[3] == str(tmp_path / "o")
+
+
+def test_skip_decodes_the_later_problems_exactly_as_a_longer_run_does(ckpt, tmp_path):
+    """--skip 3 --limit 3 records problems 3-5 with their own indices, ids and outputs: those of
+    the same problems in a --limit 6 run (a point picked on 0-2 is confirmed on 3-5)."""
+    keys = ("id", "index", "problem", "prediction", "nfe", "tokens_until_eos")
+    got = {}
+    for name, extra in (("all", ["--limit", "6"]), ("held", ["--skip", "3", "--limit", "3"])):
+        gsm8k.run(gsm8k.parse_config(["--model", str(ckpt), "--out", str(tmp_path / name), *extra, "--batch-size",
+                                      "2", "--gen-length", "32", "--block-length", "4", "--dtype", "float64",
+                                      "--strategies", "fastdllm_dual_threshold"]), clock=FakeClock())
+        got[name] = [tuple(r[k] for k in keys) for r in read_jsonl(tmp_path / name / "fastdllm_dual_threshold.jsonl")]
+    assert [r[1] for r in got["held"]] == [3, 4, 5]
+    assert got["held"] == got["all"][3:]
+    with pytest.raises(ValueError, match="--skip"):
+        gsm8k.parse_config(["--model", str(ckpt), "--skip", "-1"])

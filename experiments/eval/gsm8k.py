@@ -7,9 +7,8 @@
     torchrun --nproc_per_node 8 -m experiments.eval.gsm8k ...         # samples i % world == rank
 
 Data (--data): ``arith`` = the embedded task's held-out set, ``generate_problems(ArithConfig(),
-n, split="test", seed)`` (n = --limit, default 500; the ArithConfig recorded in the model's
-config.json ``extra.arith`` when there is one); ``gsm8k`` = the real GSM8K test set from the
-Hub (needs ``datasets``); or a local GSM8K jsonl (``question``/``answer`` per line). Few-shot
+n, split="test", seed)`` (--limit n, default 500, after --skip; the model's ArithConfig, ``extra.arith``);
+``gsm8k`` = the real GSM8K test set from the Hub (needs ``datasets``); or a local GSM8K jsonl. Few-shot
 examples come from the arith train split, the Hub train split, or ``train.jsonl`` beside the
 local file. Prompts use ``tokenizer.chat_template`` when the tokenizer has one (shots as
 user / assistant turns) unless --no-chat-template; otherwise ``Question: ...\\nAnswer:``. Before any
@@ -21,13 +20,11 @@ prints them all): grid ``table1`` = the LLaDA baselines, Fast-dLLM's caches and 
 ``bd3lm``; grid ``factorial`` = the 24 ``abl_*`` cells of cache x parallel x stop_at_eos x block
 size. ``bd3lm`` runs its block-causal model from --bd3-model (skipped without it); ``--bd3-context
 N`` raises its context limit (no learned positions; it stops at its first EOS block).
-``--sort-prompts`` batches prompts of similar length (less padding; records keep their batch width).
 
-Outputs under --out (default ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one
-record per sample (fields: :mod:`harness.records`), appended batch by batch; a rerun skips the ids
-written (another config for the same strategy is refused); ranks write ``<strategy>.rank{r}.jsonl``,
-merged by rank 0. Then ``config.json`` (git SHA, every strategy's config and ``--margin``, fixed
-once a row has samples: harness.noninferiority) and harness/report.py's tables, plot and ablation.
+Outputs under --out (default ``runs/gsm8k_<data>_<date-time>``): ``<strategy>.jsonl``, one record
+per sample (:mod:`harness.records`), appended batch by batch; a rerun skips the ids written (another
+config is refused); ranks write ``<strategy>.rank{r}.jsonl``, merged by rank 0. Then ``config.json``
+(git SHA, configs, ``--margin``: harness.noninferiority) and harness/report.py's tables and plot.
 Throughput = tokens up to the first EOS / seconds of the sampler calls, alike for every strategy.
 """
 
@@ -45,7 +42,7 @@ from typing import Callable, Optional
 import torch
 from tqdm import tqdm
 
-from dlm import distributed
+from dlm import distributed, registry
 from tasks import Problem, fewshot_examples, generate_problems, load_gsm8k, sample_shots
 from harness.cli import (DTYPES, UserError, add_list_flag, check_out, device_of, dtype_of, flags_of, in_flags,
                          parser, reading, run_main, set_threads, writing_to)
@@ -55,7 +52,6 @@ from harness.prompt_checks import check_fits, check_shots_unseen, encode_prompts
 from harness.records import write_run_config
 from harness.noninferiority import check_declared, check_margin, declaration
 from harness.evaluate import check_resumable, check_same_problems, evaluate, existing_records
-from dlm import registry
 from dlm.kind import ModelKind
 from dlm.spec import Sampler, resolve_family
 from harness.grids import listing, resolve, sampler_names
@@ -88,6 +84,7 @@ class HarnessConfig:
     bd3_context: Optional[int] = None
     block_length: Optional[int] = None  # --block-length as given (None: not given)
     margin: Optional[float] = None  # --margin: non-inferiority margin vs --baseline, points (None: none)
+    skip: int = 0  # --skip: the problems before this index are left out (held-out confirmation)
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,9 @@ def build_parser(module: str = "experiments.eval.gsm8k", doc: str = __doc__, par
     p.add_argument("--data", default="arith", help="arith (default), gsm8k (Hub) or a GSM8K jsonl")
     p.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="worked examples per prompt (default 0)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
-                   help=f"first N problems (default all; {DEFAULT_ARITH_N} for arith)")
+                   help=f"first N problems (default all; {DEFAULT_ARITH_N} for arith) after --skip")
+    p.add_argument("--skip", type=int, default=0, metavar="K",
+                   help="leave out problems 0..K-1: a point picked on them is confirmed on the next ones (default 0)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="prompts per sampler call (default 32)")
     p.add_argument("--compile", action="store_true", help="forward under torch.compile (same tokens)")
     p.add_argument("--sort-prompts", action="store_true", help="batch prompts of similar length (recorded)")
@@ -159,8 +158,8 @@ def parse_config(argv=None) -> HarnessConfig:
 
 def config_of(p: argparse.ArgumentParser, a: argparse.Namespace) -> HarnessConfig:
     """The :class:`HarnessConfig` of parsed flags ``a`` of ``p``; bad values raise ValueError naming the flag."""
-    if a.limit is not None and a.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    if a.limit is not None and a.limit < 1 or a.skip < 0:
+        raise ValueError(f"--limit must be >= 1 and --skip >= 0, got {a.limit} and {a.skip}")
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.num_fewshot < 0:
@@ -188,20 +187,21 @@ def config_of(p: argparse.ArgumentParser, a: argparse.Namespace) -> HarnessConfi
     return HarnessConfig(a.model, a.data, a.num_fewshot, a.limit, a.batch_size, a.seed,
                          not a.no_chat_template, out, strategies, a.baseline, a.bd3_model,
                          device, a.dtype, a.threads, a.sort_prompts, a.compile, a.bd3_context, a.block_length,
-                         None if a.margin is None else check_margin(a.margin))
+                         None if a.margin is None else check_margin(a.margin), a.skip)
 
 
 # --------------------------------------------------------------------------------------- data
 def load_problems(cfg: HarnessConfig) -> list[Problem]:
-    """The evaluation problems of --data, in a fixed order (ids are stable across --limit)."""
+    """The problems of --data up to --skip + --limit, in a fixed order (ids stable across --limit);
+    the run decodes those from --skip on (:func:`run_job`), so a record's index is its problem's."""
     if cfg.data == "arith":
         n = DEFAULT_ARITH_N if cfg.limit is None else cfg.limit
-        return generate_problems(arith_config_of(cfg.model), n, split="test", seed=cfg.seed)
+        return generate_problems(arith_config_of(cfg.model), cfg.skip + n, split="test", seed=cfg.seed)
     with reading("--data", cfg.data):
         problems = load_gsm8k("openai/gsm8k" if cfg.data == "gsm8k" else cfg.data, split="test")
     if not problems:
         raise ValueError(f"--data {cfg.data}: no problems")
-    return problems if cfg.limit is None else problems[:cfg.limit]
+    return problems if cfg.limit is None else problems[:cfg.skip + cfg.limit]
 
 
 def load_shots(cfg: HarnessConfig) -> list[Problem]:
@@ -302,7 +302,7 @@ def run_job(job: Job, problems, shots, cfg: HarnessConfig, info, clock: Callable
     name = job.strategy.name
     path = cfg.out / f"{name}.jsonl"
     done = existing_records(path)
-    mine = [i for i in range(len(problems)) if i % info.world_size == info.rank]
+    mine = [i for i in range(cfg.skip, len(problems)) if i % info.world_size == info.rank]
     old = [done[problems[i].id] for i in mine if problems[i].id in done]
     tally = {"n": len(old), "correct": sum(r["correct"] for r in old),
              "tokens": sum(r["tokens_until_eos"] for r in old), "seconds": sum(r["seconds"] for r in old)}
