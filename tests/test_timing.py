@@ -175,3 +175,14 @@ def test_bad_flags_are_one_line(ckpt, tmp_path, capsys, monkeypatch):
         assert exit_.value.code == 2 and len(lines) == 1, err
         assert lines[0].startswith("python -m experiments.eval.timing: error: ") and words in lines[0], lines[0]
     assert not (tmp_path / "o" / "timing.jsonl").exists()
+
+
+def test_skip_times_the_held_out_problems_in_the_harness_batches(ckpt, tmp_path):
+    """--skip 2 --limit 4: the cells cover problems 2-5 in the batches the harness ran them in, and
+    every timed sample equals the held-out run's record of it."""
+    out = tmp_path / "h"
+    gsm8k.run(gsm8k.parse_config(argv(ckpt, out)[:-4] + ["--strategies", *TWO, "--skip", "2"]))
+    run(ckpt, out, "--skip", "2")
+    cells = read_jsonl(out / "timing.jsonl")
+    assert sorted({i for c in cells for i in c["indices"]}) == [2, 3, 4, 5]
+    assert all(c["checked"] == c["rows"] == 2 for c in cells)

@@ -136,14 +136,15 @@ def run(cfg: TimingConfig, clock: Callable[[], float] = time.perf_counter) -> st
         local = h.data not in ("arith", "gsm8k")
         check_shots_unseen(shots, problems, Path(h.data).parent / "train.jsonl" if local else h.data)
         ents = entrants(h, problems, shots, device)
-        batches = batches_of(ents[0], problems, shots, h.batch_size, h.sort_prompts)
+        batches = [[h.skip + i for i in b]  # the harness's batches of the problems from --skip on
+                   for b in batches_of(ents[0], problems[h.skip:], shots, h.batch_size, h.sort_prompts)]
         with JsonlLog(h.out / CELLS) as log:
             cells = run_cells(ents, problems, log, shots=shots, batches=batches, repeats=cfg.repeats, seed=h.seed,
                               clock=clock, compile=h.compile,
                               progress=lambda c: print(f"{c['id']}: {c['seconds']:.2f} s, {c['tokens']} tokens",
                                                        file=sys.stderr))
         cells = [c for c in cells if c["repeat"] < cfg.repeats and c["strategy"] in {e.name for e in ents}]
-        return report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems])
+        return report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems[h.skip:]])
 
 
 def main(argv=None) -> None:
