@@ -204,3 +204,28 @@ def read_records(path, expected: Expected | None = None) -> list[dict]:
     numbered = read_numbered(path)
     check_records(path, numbered, expected_of(path) if expected is None else expected)
     return [r for _, r in numbered]
+
+
+TIMING_JSON = "timing.json"
+
+
+def timed_speedups(folder) -> dict | None:
+    """What ``<folder>/timing.json`` (:mod:`experiments.eval.timing`) says for the folder's table:
+    ``{"baseline", "problems", "repeats", "rows": {strategy: [speed-up, CI low, CI high]}}``, None
+    without the file; a file that is not such a record is a ValueError naming it (checked, not trusted)."""
+    path = Path(folder) / TIMING_JSON
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        meta, rows = doc["meta"], doc["rows"]
+        out = {"baseline": str(meta["baseline"]), "problems": int(meta["problems"]),
+               "repeats": int(meta["conditions"]["repeats"]),
+               "rows": {str(r["strategy"]): [float(r["speedup"]), float(r["ci_low"]), float(r["ci_high"])]
+                        for r in rows}}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a timing record of experiments.eval.timing ({type(e).__name__}: {e}); "
+                         "rerun that command or delete the file") from None
+    if any(not (0 < lo <= s <= hi) for s, lo, hi in out["rows"].values()):
+        raise ValueError(f"{path}: a row's speed-up lies outside its interval or is not positive; rerun the timing")
+    return out

@@ -41,7 +41,7 @@ import numpy as np
 from dlm.io import round_floats, stable_json
 from harness.cli import parser, run_main
 from harness.problem_sets import ProblemSets, align
-from harness.records import strategy_files, REPORT, expected_of, read_records, run_config
+from harness.records import strategy_files, REPORT, expected_of, read_records, run_config, timed_speedups
 from harness.results import atomic_write_text
 from tasks.evaluate import mcnemar_exact
 from harness.frontier import _fmt, frontier, render_frontier
@@ -220,7 +220,8 @@ def _meta(out: Path, rows: Sequence[Row], baseline: str, n_resamples: int, seed:
                 r.strategy: r.margin_pp for r in rows if math.isfinite(r.margin_pp)}},
             **({"chain_steps": {"computed": chain, "note": chain_note}} if chain or chain_note else {}),
             "above_flop_ideal": above_ideal(rows),
-            **({"problem_sets": asdict(sets)} if sets else {})}
+            **({"problem_sets": asdict(sets)} if sets else {}),
+            **({"timed": timed} if (timed := timed_speedups(out)) else {})}
 
 
 def above_ideal(rows: Sequence[Row]) -> list[str]:
@@ -251,6 +252,27 @@ def _batch_words(meta: dict) -> str:
             "the batch size, so compare tokens/s only between rows of the same batch size.")
 
 
+def _timed_words(meta: dict) -> list[str]:
+    t = meta.get("timed")
+    if not t:
+        return []
+    return [f"Timed speed-up: the baseline `{t['baseline']}` and each row decoded alternately on the same batches "
+            f"(`python -m experiments.eval.timing`, timing.md), {t['repeats']} repeats over the first {t['problems']} "
+            "problems (a declared subset), the median over (repeat, batch) cells with its 95% bootstrap CI: the "
+            "speed-up to read; the single-run column beside it is one invocation per row.", ""]
+
+
+def _timed_header(meta: dict) -> str:
+    return f"timed speed-up vs {meta['timed']['baseline']} [95% CI] | " if "timed" in meta else ""
+
+
+def _timed_cell(meta: dict, strategy: str) -> str:
+    if "timed" not in meta:
+        return ""
+    t = meta["timed"]["rows"].get(strategy)
+    return "-" + " | " if t is None else f"{t[0]:.2f}x [{t[1]:.2f}, {t[2]:.2f}] | "
+
+
 def render_table(rows: Sequence[Row], meta: dict) -> str:
     mixed, ref = meta["mixed_batch_rows"], meta["speedup_reference"]
     chain = meta.get("chain_steps", {}).get("computed", False)
@@ -263,10 +285,11 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
              f"over this row's, the speed-up if time followed FLOPs.{_batch_words(meta)}", "",
              noninferiority.words(ref), "", *([chain_steps.words(meta), ""] if "chain_steps" in meta else []),
              *([meta["problem_sets"]["note"], ""] if "problem_sets" in meta else []), *_ideal_words(meta),
+             *_timed_words(meta),
              f"| strategy | accuracy % [95% CI] | McNemar p (b/c) | {noninferiority.header(ref)}"
              f"{chain_steps.HEADER if chain else ''}tokens/s{' (batch size)' if mixed else ''} | "
-             f"speed-up vs {ref} | FLOP ideal | NFE | NFE/token | tokens/step | positions/token | "
-             "n | config |", "|---" * (14 + 2 * chain) + "|"]
+             f"speed-up vs {ref} | {_timed_header(meta)}FLOP ideal | NFE | NFE/token | tokens/step | "
+             "positions/token | n | config |", "|---" * (14 + 2 * chain + ("timed" in meta)) + "|"]
     for r in rows:
         batch = f" (batch {r.batch_rows})" if mixed else ""
         test = "-" if r.strategy == ref else f"{_fmt(r.mcnemar_p, '.2g')} ({r.discordant})"
@@ -274,7 +297,7 @@ def render_table(rows: Sequence[Row], meta: dict) -> str:
                      f"{test} | {noninferiority.cells(r, r.strategy == ref)}"
                      f"{chain_steps.cells(r, r.strategy == ref, _fmt) if chain else ''}"
                      f"{_fmt(r.tokens_per_second, '.1f')}{batch} | {_fmt(r.speedup, '.2f')}x | "
-                     f"{_fmt(r.flop_ideal, '.2f')}x | {r.nfe:.1f} | "
+                     f"{_timed_cell(meta, r.strategy)}{_fmt(r.flop_ideal, '.2f')}x | {r.nfe:.1f} | "
                      f"{r.nfe_per_token:.3f} | {r.tokens_per_step:.2f} | {r.positions_per_token:.1f} | {r.n} | "
                      f"{r.config_hashes} |")
     return "\n".join(lines) + "\n" + render_frontier(rows, meta)

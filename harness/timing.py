@@ -298,3 +298,4 @@ def render(rows: Sequence[TimingRow], meta: dict) -> str:
                      f"{r.repeats} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | "
                      f"{_x(r.flop_ideal)} | {r.flag} |")
     return "\n".join(lines) + "\n"
+

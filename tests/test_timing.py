@@ -186,3 +186,24 @@ def test_skip_times_the_held_out_problems_in_the_harness_batches(ckpt, tmp_path)
     cells = read_jsonl(out / "timing.jsonl")
     assert sorted({i for c in cells for i in c["indices"]}) == [2, 3, 4, 5]
     assert all(c["checked"] == c["rows"] == 2 for c in cells)
+
+
+def test_the_table_shows_the_timed_speedups_beside_the_single_run_ones(ckpt, tmp_path):
+    """After a timing run the folder's table gets a timed column: each row's median [CI] from
+    timing.json ("-" for rows not timed); a broken timing.json is refused naming it."""
+    out = tmp_path / "t"
+    gsm8k.run(gsm8k.parse_config(argv(ckpt, out)[:-4] + ["--strategies", *TWO]))
+    assert "timed speed-up" not in (out / "table.md").read_text()  # no timing run: no column
+    run(ckpt, out, clock=ScriptedClock((2.0, 1.0)))
+    built = report.build_report(out, baseline=TWO[0], plot=False)
+    doc = json.loads((out / "timing.json").read_text())
+    row = next(r for r in doc["rows"] if r["strategy"] == TWO[1])
+    line = next(x for x in built.table_md.splitlines() if x.startswith(f"| {TWO[1]} |"))
+    assert f"| {row['speedup']:.2f}x [{row['ci_low']:.2f}, {row['ci_high']:.2f}] |" in line
+    assert next(x for x in built.table_md.splitlines() if x.startswith(f"| {TWO[0]} |")).count("| - |") >= 1
+    assert "3 repeats over the first 4 problems" in built.table_md
+    header = next(x for x in built.table_md.splitlines() if x.startswith("| strategy |"))
+    assert header.count("|") == line.count("|")
+    (out / "timing.json").write_text('{"meta": {}}')
+    with pytest.raises(ValueError, match="timing.json: not a timing record"):
+        report.build_report(out, baseline=TWO[0], plot=False)

@@ -36,6 +36,8 @@ from harness.cli import (
 from harness.evaluate import check_resumable, check_same_problems, existing_records
 from harness.grids import sampler_names
 from harness.prompt_checks import check_shots_unseen, encode_prompts
+from harness.records import TIMING_JSON, run_config, strategy_files
+from harness.report import build_report
 from harness.results import JsonlLog, atomic_write_text
 from harness.timing import (
     Entrant,
@@ -121,13 +123,14 @@ def report(out: Path, cells: list[dict], cfg: TimingConfig, recorded: dict, ids:
             "bootstrap": {"resamples": cfg.resamples, "seed": 0, "level": 0.95}, "conditions": conditions(cells)}
     md = render(rows, meta)
     atomic_write_text(out / "timing.md", md)
-    atomic_write_text(out / "timing.json", stable_json({"meta": meta, "rows": [asdict(r) for r in rows]},
+    atomic_write_text(out / TIMING_JSON, stable_json({"meta": meta, "rows": [asdict(r) for r in rows]},
                                                        indent=2) + "\n")
     return md
 
 
 def run(cfg: TimingConfig, clock: Callable[[], float] = time.perf_counter) -> str:
-    """Time every cell not yet in ``<out>/timing.jsonl`` and rebuild the tables; returns timing.md."""
+    """Time every cell not yet in ``<out>/timing.jsonl`` and write timing.md / .json; the folder's own
+    table (harness.report, its config's baseline) is rebuilt with the timed column. Returns timing.md."""
     h = cfg.harness
     with writing_to("--out", h.out):
         set_threads(h.threads)
@@ -144,7 +147,10 @@ def run(cfg: TimingConfig, clock: Callable[[], float] = time.perf_counter) -> st
                               progress=lambda c: print(f"{c['id']}: {c['seconds']:.2f} s, {c['tokens']} tokens",
                                                        file=sys.stderr))
         cells = [c for c in cells if c["repeat"] < cfg.repeats and c["strategy"] in {e.name for e in ents}]
-        return report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems[h.skip:]])
+        md = report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems[h.skip:]])
+        if strategy_files(h.out):  # a folder of harness records: its table gains the timed column
+            build_report(h.out, baseline=run_config(h.out).get("baseline", h.baseline))
+        return md
 
 
 def main(argv=None) -> None:
