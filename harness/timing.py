@@ -57,6 +57,13 @@ class Entrant:
 
 
 # ------------------------------------------------------------------------------------ machine
+def clock_name(device: torch.device) -> str:
+    """``thread_time`` (CPU time of this thread) on the CPU with one torch thread, else
+    ``perf_counter``: all the work then runs on the calling thread, and the time other jobs hold
+    the core is not counted."""
+    return "thread_time" if device.type == "cpu" and torch.get_num_threads() == 1 else "perf_counter"
+
+
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
     try:
@@ -280,7 +287,7 @@ def render(rows: Sequence[TimingRow], meta: dict) -> str:
     load = "/".join(map(str, c["load_start"])) or "-", "/".join(map(str, c["load_end"])) or "-"
     method = (f"git {' '.join(c['git_sha'])}; model `{meta['model']}`; the first {meta['problems']} problems of "
               f"{meta['data']} ({meta['num_fewshot']}-shot), batch size {meta['batch_size']} ({c['batches']} "
-              f"batches), {c['repeats']} repeats. In each (repeat, batch) cell the baseline and every row decode the "
+              f"batches), {c['repeats']} repeats, clock `{meta['clock']}`. In each (repeat, batch) cell the baseline and every row decode the "
               "same batch back to back, the order rotated by one per repeat; speed-up = the baseline's seconds per "
               "token / the row's (tokens up to and including each sample's first EOS), the median over cells with a "
               f"95% percentile bootstrap CI ({meta['bootstrap']['resamples']} resamples of the cells, seed "

@@ -13,14 +13,9 @@ from collections.abc import Callable
 import torch
 
 from harness.roofline import sync
-from harness.timing import load_average, median_ci
+from harness.timing import clock_name, load_average, median_ci
 
 __all__ = ["clock_name", "fmt", "interleaved", "load_average", "median_ci", "ratio"]
-
-
-def clock_name(device: torch.device) -> str:
-    """``thread_time`` (CPU time of this thread) on the CPU with one torch thread, else ``perf_counter``."""
-    return "thread_time" if device.type == "cpu" and torch.get_num_threads() == 1 else "perf_counter"
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, device: torch.device,

@@ -40,6 +40,7 @@ from harness.records import TIMING_JSON, run_config, strategy_files
 from harness.report import build_report
 from harness.results import JsonlLog, atomic_write_text
 from harness.timing import (
+    clock_name,
     Entrant,
     batches_of,
     conditions,
@@ -114,13 +115,14 @@ def entrants(cfg: gsm8k.HarnessConfig, problems, shots, device) -> list[Entrant]
     return out
 
 
-def report(out: Path, cells: list[dict], cfg: TimingConfig, recorded: dict, ids: list[str]) -> str:
+def report(out: Path, cells: list[dict], cfg: TimingConfig, recorded: dict, ids: list[str], clock: str) -> str:
     """Write ``timing.md`` / ``timing.json`` from the cells; returns the markdown."""
     h = cfg.harness
     rows = timing_rows(cells, h.baseline, flop_ideals(recorded, h.baseline, ids), cfg.resamples)
     meta = {"baseline": h.baseline, "model": gsm8k.repo_relative(h.model), "data": h.data, "problems": len(ids),
             "first_id": ids[0], "last_id": ids[-1], "num_fewshot": h.num_fewshot, "batch_size": h.batch_size,
-            "bootstrap": {"resamples": cfg.resamples, "seed": 0, "level": 0.95}, "conditions": conditions(cells)}
+            "bootstrap": {"resamples": cfg.resamples, "seed": 0, "level": 0.95}, "conditions": conditions(cells),
+            "clock": clock}
     md = render(rows, meta)
     atomic_write_text(out / "timing.md", md)
     atomic_write_text(out / TIMING_JSON, stable_json({"meta": meta, "rows": [asdict(r) for r in rows]},
@@ -128,13 +130,17 @@ def report(out: Path, cells: list[dict], cfg: TimingConfig, recorded: dict, ids:
     return md
 
 
-def run(cfg: TimingConfig, clock: Callable[[], float] = time.perf_counter) -> str:
+def run(cfg: TimingConfig, clock: Callable[[], float] | None = None) -> str:
     """Time every cell not yet in ``<out>/timing.jsonl`` and write timing.md / .json; the folder's own
-    table (harness.report, its config's baseline) is rebuilt with the timed column. Returns timing.md."""
+    table (harness.report, its config's baseline) is rebuilt with the timed column. ``clock``: by
+    default this thread's CPU time on the CPU at one thread (other jobs' time not counted), else
+    wall time (:func:`harness.timing.clock_name`). Returns timing.md."""
     h = cfg.harness
     with writing_to("--out", h.out):
         set_threads(h.threads)
         device = device_of(h.device)
+        label = clock_name(device) if clock is None else getattr(clock, "__name__", "given")
+        clock = clock or getattr(time, label)
         problems, shots = gsm8k.load_problems(h), gsm8k.load_shots(h)
         local = h.data not in ("arith", "gsm8k")
         check_shots_unseen(shots, problems, Path(h.data).parent / "train.jsonl" if local else h.data)
@@ -147,7 +153,7 @@ def run(cfg: TimingConfig, clock: Callable[[], float] = time.perf_counter) -> st
                               progress=lambda c: print(f"{c['id']}: {c['seconds']:.2f} s, {c['tokens']} tokens",
                                                        file=sys.stderr))
         cells = [c for c in cells if c["repeat"] < cfg.repeats and c["strategy"] in {e.name for e in ents}]
-        md = report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems[h.skip:]])
+        md = report(h.out, cells, cfg, {e.name: e.recorded for e in ents}, [p.id for p in problems[h.skip:]], label)
         if strategy_files(h.out):  # a folder of harness records: its table gains the timed column
             build_report(h.out, baseline=run_config(h.out).get("baseline", h.baseline))
         return md
