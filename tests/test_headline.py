@@ -75,9 +75,36 @@ def test_each_headline_speed_up_is_the_one_its_linked_table_prints():
     block = text[text.index(headline.START):text.index(headline.END)]
     checked = 0
     for line in block.splitlines():
-        link = re.search(r"\]\((results/[^)]*)\)", line)
+        linked = " ".join((REPO / link).read_text() for link in re.findall(r"\]\((results/[^)]*)\)", line))
         for number in re.findall(r"\*\*([\d.]+)x\*\*|FLOP ideal ([\d.]+)x", line):
             value = next(v for v in number if v)
-            assert f"{value}x" in (REPO / link.group(1)).read_text(), (value, link.group(1))
+            assert f"{value}x" in linked, (value, line)
             checked += 1
     assert checked >= 7  # six timed claims and one flagged FLOP ideal
+
+
+def test_a_claim_reads_its_held_out_folder_and_its_timing_once_they_exist(tmp_path):
+    """Before the held-out run the claim is scored where it was picked; after it, on the held-out
+    problems; a timing.json of the pick folder that timed this row gives the timed speed-up."""
+    import json
+
+    claim = headline.Claim("c", "pick", "base", "row", heldout="held")
+    for folder, start in (("pick", 0), ("held", 300)):
+        (tmp_path / folder).mkdir()
+        for name, correct in (("base", [1, 1, 0, 1]), ("row", [1, 0, 0, 1] if folder == "pick" else [1, 1, 1, 1])):
+            lines = [json.dumps(r) for r in _recs(correct, [1.0] * 4, start=start)]
+            if folder == "pick" or name == "base":
+                (tmp_path / folder / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    ev = headline.evidence(claim, tmp_path)
+    assert (ev["folder"], ev["heldout"], ev["accuracy"]) == ("pick", False, 50.0)  # held-out row not there yet
+    (tmp_path / "held" / "row.jsonl").write_text("\n".join(json.dumps(r) for r in _recs([1] * 4, [0.5] * 4, start=300)))
+    ev = headline.evidence(claim, tmp_path)
+    assert (ev["folder"], ev["heldout"], ev["accuracy"]) == ("held", True, 100.0) and "timed" not in ev
+    timing = {"meta": {"baseline": "base", "problems": 64, "conditions": {"repeats": 3}},
+              "rows": [{"strategy": "row", "speedup": 2.5, "ci_low": 2.25, "ci_high": 2.75}]}
+    (tmp_path / "pick" / "timing.json").write_text(json.dumps(timing))
+    ev = headline.evidence(claim, tmp_path)
+    assert ev["timed"] == [2.5, 2.25, 2.75] and headline._speed(ev) == "**2.50x** [2.25, 2.75] (timed, 3 repeats)"
+    timing["meta"]["baseline"] = "other"  # timed against another reference: not this claim's speed-up
+    (tmp_path / "pick" / "timing.json").write_text(json.dumps(timing))
+    assert "timed" not in headline.evidence(claim, tmp_path)

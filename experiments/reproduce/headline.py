@@ -29,7 +29,7 @@ from dlm.io import round_floats
 from tasks.evaluate import mcnemar_exact
 from harness.methods import methods_table
 from harness.cli import parser, run_main
-from harness.records import read_records, strategy_files
+from harness.records import read_records, strategy_files, timed_speedups
 from harness.results import REPO, read_jsonl, write_if_changed
 from experiments.perplexity.seeds import paired_ci
 
@@ -50,13 +50,15 @@ class Claim:
     reference: str
     row: str
     timed: bool = True  # False: an accuracy claim whose rows were not timed alike (no speed-up shown)
+    heldout: Optional[str] = None  # the folder of the same rows on held-out problems: its numbers are the headline's
 
 
 #: the headline, in reading order (a row's files: results/<folder>/<reference|row>.jsonl)
 CLAIMS = (
     Claim("Fast-dLLM dual cache + threshold 0.9 vs LLaDA semi-AR, gen 256",
-          "gsm8k_chain_256", "baseline_semiar", "fastdllm_dual_threshold"),
-    Claim("the same, gen 512", "gsm8k_chain_512", "baseline_semiar", "fastdllm_dual_threshold"),
+          "gsm8k_chain_256", "baseline_semiar", "fastdllm_dual_threshold", heldout="gsm8k_chain_256_heldout"),
+    Claim("the same, gen 512", "gsm8k_chain_512", "baseline_semiar", "fastdllm_dual_threshold",
+          heldout="gsm8k_chain_512_heldout"),
     Claim("the same, gen 1024, 4-shot", "gsm8k_chain_1024_4shot", "baseline_semiar",
           "fastdllm_dual_threshold"),
     Claim("Fast-dLLM dual + threshold (Dream rules) vs Dream semi-AR without a cache, gen 256", "gsm8k_dream_256",
@@ -66,9 +68,9 @@ CLAIMS = (
     Claim("dLLM-Cache (K_p 20, K_r 4, rho 0.25) + threshold vs LLaDA semi-AR, gen 256 (untimed, as above)",
           "gsm8k_chain_256", "baseline_semiar", "cache_dllm_cache_threshold", timed=False),
     Claim("LLaDA semi-AR stopped at the first EOS block, gen 256", "gsm8k_chain_256",
-          "baseline_semiar", "baseline_semiar_eos"),
+          "baseline_semiar", "baseline_semiar_eos", heldout="gsm8k_chain_256_heldout"),
     Claim("BD3-LM (block-causal, exact cache) vs LLaDA semi-AR, gen 256", "gsm8k_chain_256",
-          "baseline_semiar", "bd3lm"),
+          "baseline_semiar", "bd3lm", heldout="gsm8k_chain_256_heldout"),
     Claim("BD3-LM exact KV cache vs recomputing, L'=16", "bd3lm_blocks", "L16_k0_uncached",
           "L16_k0"),
     Claim("semi-AR blocks of 32 vs pure diffusion (the EOS gap)", "testbed_chain", "pure_k0",
@@ -116,7 +118,8 @@ def verdict(ev: dict) -> str:
     """Significance of the accuracy change at 0.05 (exact McNemar), and a speed-up flag."""
     words = "no significant change" if ev["p"] >= 0.05 else ("better" if ev["d_acc"] > 0 else "worse")
     words += f" (p = {_p(ev['p'])})"
-    if "flop_ideal" in ev and ev["speedup_ci"][0] > ev["flop_ideal"]:
+    low = ev["timed"][1] if "timed" in ev else ev.get("speedup_ci", [0.0])[0]
+    if "flop_ideal" in ev and low > ev["flop_ideal"]:
         words += f"; speed-up above its FLOP ideal {ev['flop_ideal']:.2f}x"
     return words
 
@@ -126,6 +129,9 @@ def _p(p: float) -> str:
 
 
 def _speed(ev: dict) -> str:
+    if "timed" in ev:
+        s, lo, hi = ev["timed"]
+        return f"**{s:.2f}x** [{lo:.2f}, {hi:.2f}] (timed, {ev['timed_repeats']} repeats)"
     if "speedup" not in ev:
         return "-"
     lo, hi = ev["speedup_ci"]
@@ -167,9 +173,24 @@ def table_of(folder: str, results: Path = RESULTS) -> str:
     return md.relative_to(results).as_posix()
 
 
+def evidence(c: Claim, results: Path = RESULTS) -> dict:
+    """The claim's paired comparison: on its held-out folder once both rows are there (``heldout``
+    set in the result), else on the folder the rows were picked on; the speed-up from the
+    folder's interleaved timing (``timed``: median, CI low, high) when it timed this row against
+    this reference (harness.records.timed_speedups)."""
+    held = c.heldout is not None and all((Path(results) / c.heldout / f"{n}.jsonl").is_file()
+                                         for n in (c.reference, c.row))
+    folder = c.heldout if held else c.folder
+    ev = {**paired(records(folder, c.reference, results), records(folder, c.row, results)),
+          "folder": folder, "heldout": held}
+    timing = timed_speedups(Path(results) / c.folder)
+    if timing and timing["baseline"] == c.reference and c.row in timing["rows"]:
+        ev.update(timed=timing["rows"][c.row], timed_repeats=timing["repeats"])
+    return ev
+
+
 def claim_rows(results: Path = RESULTS) -> list[tuple[Claim, dict]]:
-    return [(c, paired(records(c.folder, c.reference, results), records(c.folder, c.row, results)))
-            for c in CLAIMS]
+    return [(c, evidence(c, results)) for c in CLAIMS]
 
 
 def ladder_row(results: Path = RESULTS) -> Optional[list[str]]:
@@ -197,14 +218,18 @@ def _table(lines: list[list[str]]) -> list[str]:
 def headline(results: Path = RESULTS, link_prefix: str = "") -> str:
     """The README block: one line per claim, then the ladder's."""
     rows = claim_rows(results)
-    lines = [[c.claim, f"`{model_of(c.folder, c.row, results)}`", _speed(ev) if c.timed else "-", _dacc(ev), verdict(ev),
-              f"[{c.folder}]({link_prefix}results/{table_of(c.folder, results)})"] for c, ev in rows]
+    lines = [[c.claim + (" (held-out problems)" if ev["heldout"] else ""), f"`{model_of(c.folder, c.row, results)}`",
+              _speed(ev) if c.timed else "-", _dacc(ev), verdict(ev),
+              f"[{ev['folder']}]({link_prefix}results/{table_of(ev['folder'], results)})"
+              + (f" · [timing]({link_prefix}results/{c.folder}/timing.md)" if "timed" in ev else "")] for c, ev in rows]
     if (ladder := ladder_row(results)) is not None:
         ladder[-1] = ladder[-1].replace("(results/", f"({link_prefix}results/")
         lines.append(ladder)
     n = sorted({ev["n"] for _, ev in rows})
     note = (f"Paired over each row's common problems (n = {n[0]}-{n[-1]}); 95% paired bootstrap intervals "
-            f"({RESAMPLES} resamples); exact McNemar p; one timing run per row (the interval covers problems, not "
+            f"({RESAMPLES} resamples); exact McNemar p. A row marked held-out is scored on problems its picks were "
+            "not chosen on (the `_heldout` folder). A speed-up marked timed is the median of interleaved repeats "
+            "with its CI (the folder's timing.md); any other is one run per row (its interval covers problems, not "
             "load). Generated by `python -m experiments.reproduce.headline` from `results/`.")
     return "\n".join(_table(lines) + ["", note])
 
