@@ -315,3 +315,26 @@ def test_welch_p_against_monte_carlo_and_power_against_simulation():
         return hits / 3000
 
     assert power(n) >= 0.77 and power(n - 1) < power(n)
+
+
+def test_an_ema_run_also_evaluates_its_raw_weights_which_are_the_run_without_ema(tmp_path, shared_data):
+    """With --ema the exported models hold the EMA weights and the raw ones are evaluated beside them
+    (``ppl_raw/<model>``): the EMA does not steer training, so those equal a run without --ema."""
+    shared_data("tinyshakespeare/input.txt")
+    base = [a for a in _argv(tmp_path, "--seeds", "0", "1", "--steps", "4") if a not in ("--run", "t")]
+    work = base.index("--work") + 1
+    for name, extra in (("plain", []), ("ema", ["--ema", "0.5"])):
+        base[work] = str(tmp_path / f"work-{name}")
+        run(parse_config([*base, "--run", name, *extra]))
+    out = tmp_path / "out"
+    for s in (0, 1):
+        plain = {r["id"]: r for r in read_jsonl(out / f"perplexity_plain-s{s}.jsonl")}
+        ema = {r["id"]: r for r in read_jsonl(out / f"perplexity_ema-s{s}.jsonl")}
+        for m in ("ar", "bd4", "mdlm"):
+            assert ema[f"ppl_raw/{m}"]["nelbo"] == pytest.approx(plain[f"ppl/{m}"]["nelbo"], rel=1e-6)
+            assert ema[f"ppl/{m}"]["nelbo"] != pytest.approx(plain[f"ppl/{m}"]["nelbo"], rel=1e-6)
+            assert (out / "checkpoints" / f"perplexity-ema-s{s}-{m}{jobs.RAW}" / "model.safetensors").is_file()
+        assert "ppl_raw/ar" not in plain
+    text = (out / "perplexity_ema_seeds.md").read_text()
+    assert "## The same runs without their EMA (raw weights)" in text and "| bd4 | 2 |" in text
+    assert "## The same runs without their EMA" not in (out / "perplexity_plain_seeds.md").read_text()

@@ -94,6 +94,10 @@ class ARObjective(BD3Objective):
         return out.loss, {"nelbo": out.loss.detach()}
 
 
+#: the suffix of a model's raw-weights checkpoint when it trained with an EMA (``--ema``)
+RAW = "-raw"
+
+
 def var_label(beta: float, omega: float) -> str:
     return f"{beta:g}-{omega:g}"
 
@@ -164,7 +168,7 @@ def open_log(cfg: RunConfig, paths: Paths) -> JsonlLog:
 
 def eval_ids(name: str, cfg: RunConfig) -> list[str]:
     """Record ids :func:`eval_model` writes for ``name``."""
-    ids = [f"ppl/{name}"] + (["mc/mdlm"] if name == "mdlm" else [])
+    ids = [f"ppl/{name}"] + ([f"ppl_raw/{name}"] if cfg.train.ema > 0 else []) + (["mc/mdlm"] if name == "mdlm" else [])
     if name in cfg.var_models:
         labels = [label for label, _, _ in FIXED_SCHEDULES] + ["searched"]
         ids += [f"search/{name}"] + [f"var/{name}/{label}" for label in labels]
@@ -268,6 +272,11 @@ def train_job(job: Job, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLog)
             shutil.copytree(workdir / "model", tmp)
             shutil.rmtree(ckpt, ignore_errors=True)
             os.replace(tmp, ckpt)
+            if t.ema > 0:  # the exported model holds the EMA weights; the raw ones are evaluated beside them
+                raw = paths.checkpoint(f"{job.name}{RAW}")
+                save_bd3(model, None, raw.with_name(f".{raw.name}.tmp"), bd3.bd3_config, dtype)
+                shutil.rmtree(raw, ignore_errors=True)
+                os.replace(raw.with_name(f".{raw.name}.tmp"), raw)
         s = bd3.schedule
         log.append([_record(cfg, rid, "train", model=job.name, block_size=job.block_size, steps=job.steps,
                             init=job.init, beta=s.beta, omega=s.omega, checkpoint=repo_relative(ckpt),
@@ -332,6 +341,11 @@ def eval_model(name: str, cfg: RunConfig, data: Data, paths: Paths, log: JsonlLo
         bd3, t0 = load_bd3(name, paths, cfg), time.perf_counter()
         r = bd3.perplexity(test, _gen(cfg), exact_ar=bd3.block_size == 1, passes=e.passes)
         log.append([_record(cfg, f"ppl/{name}", "ppl", model=name, block_size=bd3.block_size, **r.to_dict(),
+                            seconds=time.perf_counter() - t0)])
+    if cfg.train.ema > 0 and f"ppl_raw/{name}" not in log.done:  # the same run without its EMA
+        bd3, t0 = load_bd3(f"{name}{RAW}", paths, cfg), time.perf_counter()
+        r = bd3.perplexity(test, _gen(cfg), exact_ar=bd3.block_size == 1, passes=e.passes)
+        log.append([_record(cfg, f"ppl_raw/{name}", "ppl_raw", model=name, block_size=bd3.block_size, **r.to_dict(),
                             seconds=time.perf_counter() - t0)])
     if name == "mdlm" and "mc/mdlm" not in log.done:
         bd3, t0 = load_bd3(name, paths, cfg), time.perf_counter()

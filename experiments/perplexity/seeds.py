@@ -243,16 +243,9 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
               f"Separated: p < {ALPHA}. Seeds for {POWER:.0%} power: the seeds per model the test needs to "
               f"separate the pair at level {ALPHA} with probability {POWER:.0%} if the true difference and "
               "spreads are the ones observed here (a confirmation run fixes its seed count from this before it "
-              "starts, and is tested on its own seeds only).", "",
-              "| pair a < b | mean_b - mean_a | Welch t (df) | one-sided p | ordered | separated | seeds for "
-              f"{POWER:.0%} power |", "|---|---:|---:|---:|---|---|---:|"]
-    for p in summ["pairs"]:
-        w = p["welch"]
-        test = "n/a" if w is None else f"{w['t']:.2f} ({w['df']:.1f})"
-        pv = "n/a" if w is None else f"{w['p']:.2g}"
-        need = p["seeds_for_power"] if p["seeds_for_power"] is not None else "n/a"
-        lines.append(f"| {p['a']} < {p['b']} | {p['diff']:.4f} | {test} | {pv} | {'yes' if p['ordered'] else 'NO'} | "
-                     f"{'yes' if p['separated'] else 'NO'} | {need} |")
+              "starts, and is tested on its own seeds only).", "", *_welch_table(summ["pairs"])]
+    if summ.get("raw"):
+        lines += _raw_section(summ)
     if any(p["paired"] for p in summ["pairs"]):
         lines += ["", "Paired by seed (a seed's models share their initialisation and batches): the per-seed "
                   "differences b − a, their mean ± std and 95% t interval; above 0: b is worse than a beyond the "
@@ -300,6 +293,37 @@ def render(cfg: dict, seeds: Sequence[int], got: Sequence[int], summ: dict) -> s
     return "\n".join(lines)
 
 
+def _welch_table(pairs: Sequence[dict]) -> list[str]:
+    lines = ["| pair a < b | mean_b - mean_a | Welch t (df) | one-sided p | ordered | separated | seeds for "
+             f"{POWER:.0%} power |", "|---|---:|---:|---:|---|---|---:|"]
+    for p in pairs:
+        w = p["welch"]
+        test = "n/a" if w is None else f"{w['t']:.2f} ({w['df']:.1f})"
+        pv = "n/a" if w is None else f"{w['p']:.2g}"
+        need = p["seeds_for_power"] if p["seeds_for_power"] is not None else "n/a"
+        lines.append(f"| {p['a']} < {p['b']} | {p['diff']:.4f} | {test} | {pv} | {'yes' if p['ordered'] else 'NO'} | "
+                     f"{'yes' if p['separated'] else 'NO'} | {need} |")
+    return lines
+
+
+def _raw_section(summ: dict) -> list[str]:
+    """The runs' raw weights beside their EMA (the tables above): the variance reduction tried."""
+    raw = {m["model"]: m for m in summ["raw"]["models"]}
+    lines = ["", "## The same runs without their EMA (raw weights)", "",
+             "The runs trained with an EMA of their weights (`--ema`); the tables above evaluate the EMA weights, "
+             "these the raw weights of the same runs (same seeds, same batches), so the std ratio is the seed "
+             "spread the EMA removes.", "",
+             "| model | seeds | NELBO, raw | NELBO, EMA | std EMA / raw |", "|---|---:|---:|---:|---:|"]
+    for m in summ["models"]:
+        r = raw.get(m["model"])
+        if r is None:
+            continue
+        sd_raw, sd_ema = mean_std(r["nelbo"])[1], mean_std(m["nelbo"])[1]
+        ratio = f"{sd_ema / sd_raw:.2f}" if sd_raw > 0 else "n/a"
+        lines.append(f"| {m['model']} | {len(r['seeds'])} | {_ms(r['nelbo'], 4)} | {_ms(m['nelbo'], 4)} | {ratio} |")
+    return lines + ["", "One-sided Welch test on the raw weights:", "", *_welch_table(summ["raw"]["pairs"])]
+
+
 def render_csv(summ: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -323,6 +347,10 @@ def write_seed_report(out: Path, run: str, seeds: Sequence[int]) -> Path:
     """``perplexity_<run>_seeds.md`` / ``.csv`` from the seeds' JSONL files; returns the md path."""
     cfg, per_seed = collect(out, run, seeds)
     summ = summarize(per_seed, cfg["config"]["data"]["seq_len"])
+    raw = {s: {rid.replace("ppl_raw/", "ppl/"): {**r, "kind": "ppl"} for rid, r in recs.items() if r["kind"] == "ppl_raw"}
+           for s, recs in per_seed.items()}
+    if any(raw.values()):  # the runs' raw weights, evaluated beside their EMA
+        summ["raw"] = summarize({s: recs for s, recs in raw.items() if recs}, cfg["config"]["data"]["seq_len"])
     base = Path(out) / f"perplexity_{run}_seeds"
     write_if_changed(base.with_suffix(".md"), render(cfg, seeds, sorted(per_seed), summ))
     write_if_changed(base.with_suffix(".csv"), render_csv(summ))
