@@ -262,3 +262,30 @@ def test_countdown_fixed_set_refused_without_the_test_set(tmp_path):
     with pytest.raises(FileNotFoundError, match="reasoning/countdown/cd3_test.jsonl"):
         train_anyorder.main(["--task", "countdown", "--objective", "ar", "--train-size", "5", "--out", str(out)])
     assert not out.exists()
+
+
+def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
+    """Two finished runs of an LR grid and one still training: the report's curves are the runs'
+    metrics, the stop column their run.json, and the pick the LR with the best final accuracy."""
+    from experiments.eval import curves as report
+
+    base = ["--task", "reversal2", "--objective", "ar", "--eval-every", "2", "--save-every", "2", *SMALL]
+    for lr, steps in (("0.002", "4"), ("0.0005", "4")):
+        train_anyorder.main([*base, "--lr", lr, "--steps", steps, "--out", str(tmp_path / f"ar-{lr}")])
+    running = tmp_path / "ar-busy"
+    train_anyorder.main([*base, "--lr", "0.001", "--steps", "4", "--out", str(running)])
+    (running / "run.json").unlink()  # as if still training
+    got = report.main(["--runs", *(str(p) for p in sorted(tmp_path.glob("ar-*"))), "--out", str(tmp_path / "c")])
+    by = {r["run"]: r for r in got["runs"]}
+    for name, r in by.items():
+        evals = [(m["step"], m["eval/accuracy"]) for m in _records(tmp_path / name) if "eval/accuracy" in m]
+        assert [tuple(e) for e in r["evals"]] == evals and r["steps"] == 4
+    assert not by["ar-busy"]["finished"] and by["ar-0.002"]["finished"] and not by["ar-0.002"]["stopped_flat"]
+    assert len(by["ar-0.002"]["git_sha"]) >= 40
+    finals = {lr: by[f"ar-{lr}"]["evals"][-1][1] for lr in ("0.002", "0.0005")}
+    best = max(finals.values())
+    assert got["picks"]["reversal2 ar"]["lr"] == min(float(lr) for lr, a in finals.items() if a == best)
+    md = (tmp_path / "c" / "curves.md").read_text()
+    assert "| reversal2 | ar | 0.001 | 4 / 4 | training |" in md and (tmp_path / "c" / "curves.png").stat().st_size
+    with pytest.raises(ValueError, match="not an experiments.train.train_anyorder run"):
+        report.main(["--runs", str(tmp_path / "c"), "--out", str(tmp_path / "d")])

@@ -25,6 +25,10 @@ from experiments.eval.anyorder import CHECK, GEN, answers, test_set
 from tasks import countdown, reversal, sudoku
 
 
+#: a finished run's summary in its out dir (steps, stopped_flat, epochs, seconds, git_sha, args)
+RUN_FILE = "run.json"
+
+
 def countdown_sets(train_size: int, seed: int, valid_size: int):
     """(train, valid) of :func:`tasks.countdown.fixed_sets`, disjoint from the shared test set."""
     return countdown.fixed_sets(train_size, seed, test_set("countdown", 10**9), valid_size)

@@ -41,6 +41,9 @@ from dlm.train import METRICS_FILE, TrainConfig, check_resume, flag_recipe, trai
 from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
                          writing_to)
 from experiments.train import anyorder_curves as curves
+from experiments.train.anyorder_curves import RUN_FILE
+from dlm.io import stable_json
+from harness.results import atomic_write_text, git_sha
 from experiments.train.train_llada import build_model
 
 TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal, "reversal2": reversal}
@@ -133,13 +136,17 @@ def run(args, cfg: TrainConfig) -> None:
     metrics = os.path.join(cfg.out_dir, METRICS_FILE)
     stop = (lambda: curves.flat(curves.curve(metrics), args.stop_patience, args.stop_delta)) \
         if args.stop_patience else None
-    extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args)}
-    t0 = time.time()
+    sha = git_sha()
+    extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args), "git_sha": sha}
+    t0, c0 = time.time(), time.process_time()
     result = train(model, objective, data, cfg, tokenizer=tok, recipe=recipe, eval_fn=evaluate, should_stop=stop,
                    save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
     epochs = {"epochs": sample.epoch(result.step, args.batch_size)} if isinstance(sample, Epochs) else {}
-    print(json.dumps({"wall_seconds": time.time() - t0, "steps": result.step, "stopped_flat": result.stopped,
-                      **epochs, "params": model.config.num_params()}))
+    summary = {"wall_seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0, "steps": result.step,
+               "stopped_flat": result.stopped, **epochs, "params": model.config.num_params(), "git_sha": sha,
+               "args": vars(args)}  # this invocation's (a resumed run: the last one's)
+    atomic_write_text(os.path.join(cfg.out_dir, RUN_FILE), stable_json(summary, indent=1) + "\n")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
