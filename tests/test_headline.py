@@ -83,12 +83,14 @@ def test_each_headline_speed_up_is_the_one_its_linked_table_prints():
     assert checked >= 7  # six timed claims and one flagged FLOP ideal
 
 
-def test_a_claim_reads_its_held_out_folder_and_its_timing_once_they_exist(tmp_path):
+def test_a_claim_reads_its_held_out_folder_and_its_timing_once_they_exist(tmp_path, monkeypatch):
     """Before the held-out run the claim is scored where it was picked; after it, on the held-out
     problems; a timing.json of the pick folder that timed this row gives the timed speed-up."""
     import json
+    from pathlib import Path
 
     claim = headline.Claim("c", "pick", "base", "row", heldout="held")
+    monkeypatch.setattr(headline.noninferiority, "margins", lambda folder, names, ref: {})
     for folder, start in (("pick", 0), ("held", 300)):
         (tmp_path / folder).mkdir()
         for name, correct in (("base", [1, 1, 0, 1]), ("row", [1, 0, 0, 1] if folder == "pick" else [1, 1, 1, 1])):
@@ -108,3 +110,9 @@ def test_a_claim_reads_its_held_out_folder_and_its_timing_once_they_exist(tmp_pa
     timing["meta"]["baseline"] = "other"  # timed against another reference: not this claim's speed-up
     (tmp_path / "pick" / "timing.json").write_text(json.dumps(timing))
     assert "timed" not in headline.evidence(claim, tmp_path)
+    assert "noninferiority" not in ev and "declared margin" not in headline.verdict(ev)
+    declared = {}
+    monkeypatch.setattr(headline.noninferiority, "margins", lambda folder, names, ref: declared[(Path(folder).name, ref)])
+    declared[("held", "base")] = {"row": 3.0}  # what the held-out folder's config.json declared
+    ev = headline.evidence(claim, tmp_path)  # 4 of 4 against 3 of 4: a wide interval, inconclusive at -3
+    assert ev["noninferiority"] == "inconclusive at -3" and "; inconclusive at -3 (declared margin)" in headline.verdict(ev)

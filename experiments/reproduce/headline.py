@@ -27,6 +27,7 @@ import numpy as np
 
 from dlm.io import round_floats
 from tasks.evaluate import mcnemar_exact
+from harness import noninferiority
 from harness.methods import methods_table
 from harness.cli import parser, run_main
 from harness.records import read_records, strategy_files, timed_speedups
@@ -118,6 +119,8 @@ def verdict(ev: dict) -> str:
     """Significance of the accuracy change at 0.05 (exact McNemar), and a speed-up flag."""
     words = "no significant change" if ev["p"] >= 0.05 else ("better" if ev["d_acc"] > 0 else "worse")
     words += f" (p = {_p(ev['p'])})"
+    if "noninferiority" in ev:
+        words += f"; {ev['noninferiority']} (declared margin)"
     low = ev["timed"][1] if "timed" in ev else ev.get("speedup_ci", [0.0])[0]
     if "flop_ideal" in ev and low > ev["flop_ideal"]:
         words += f"; speed-up above its FLOP ideal {ev['flop_ideal']:.2f}x"
@@ -181,8 +184,12 @@ def evidence(c: Claim, results: Path = RESULTS) -> dict:
     held = c.heldout is not None and all((Path(results) / c.heldout / f"{n}.jsonl").is_file()
                                          for n in (c.reference, c.row))
     folder = c.heldout if held else c.folder
-    ev = {**paired(records(folder, c.reference, results), records(folder, c.row, results)),
-          "folder": folder, "heldout": held}
+    ref, row = records(folder, c.reference, results), records(folder, c.row, results)
+    ev = {**paired(ref, row), "folder": folder, "heldout": held}
+    margin = noninferiority.margins(Path(results) / folder, [c.row], c.reference).get(c.row)
+    if margin is not None:  # declared before the run: the verdict on the Newcombe interval (harness.noninferiority)
+        ch = noninferiority.paired_change(ref, row)
+        ev["noninferiority"] = f"{noninferiority.verdict(ch['change_low_pp'], ch['change_high_pp'], margin)} at -{margin:g}"
     timing = timed_speedups(Path(results) / c.folder)
     if timing and timing["baseline"] == c.reference and c.row in timing["rows"]:
         ev.update(timed=timing["rows"][c.row], timed_repeats=timing["repeats"])
