@@ -257,9 +257,9 @@ def _timed_words(meta: dict) -> list[str]:
     if not t:
         return []
     return [f"Timed speed-up: the baseline `{t['baseline']}` and each row decoded alternately on the same batches "
-            f"(`python -m experiments.eval.timing`, timing.md), {t['repeats']} repeats over the first {t['problems']} "
-            "problems (a declared subset), the median over (repeat, batch) cells with its 95% bootstrap CI: the "
-            "speed-up to read; the single-run column beside it is one invocation per row.", ""]
+            f"(`python -m experiments.eval.timing`, timing.md), {t['repeats']} repeats over {t['problems']} problems "
+            "(a declared subset, named in timing.md), the median over (repeat, batch) cells with its 95% bootstrap "
+            "CI: the speed-up to read; the single-run column beside it is one invocation per row.", ""]
 
 
 def _timed_header(meta: dict) -> str:
@@ -270,7 +270,7 @@ def _timed_cell(meta: dict, strategy: str) -> str:
     if "timed" not in meta:
         return ""
     t = meta["timed"]["rows"].get(strategy)
-    return "-" + " | " if t is None else f"{t[0]:.2f}x [{t[1]:.2f}, {t[2]:.2f}] | "
+    return "- | " if t is None else f"{t[0]:.2f}x [{t[1]:.2f}, {t[2]:.2f}] | "
 
 
 def render_table(rows: Sequence[Row], meta: dict) -> str:

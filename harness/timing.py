@@ -285,9 +285,10 @@ def render(rows: Sequence[TimingRow], meta: dict) -> str:
     """``timing.md``: the conditions, then one line per row."""
     c = meta["conditions"]
     load = "/".join(map(str, c["load_start"])) or "-", "/".join(map(str, c["load_end"])) or "-"
-    method = (f"git {' '.join(c['git_sha'])}; model `{meta['model']}`; the first {meta['problems']} problems of "
-              f"{meta['data']} ({meta['num_fewshot']}-shot), batch size {meta['batch_size']} ({c['batches']} "
-              f"batches), {c['repeats']} repeats, clock `{meta['clock']}`. In each (repeat, batch) cell the baseline and every row decode the "
+    method = (f"git {' '.join(c['git_sha'])}; model `{meta['model']}`; {meta['problems']} problems of {meta['data']} "
+              f"({meta['first_id']} to {meta['last_id']}, {meta['num_fewshot']}-shot), batch size {meta['batch_size']} "
+              f"({c['batches']} batches), {c['repeats']} repeats, clock `{meta['clock']}`. In each (repeat, batch) "
+              "cell the baseline and every row decode the "
               "same batch back to back, the order rotated by one per repeat; speed-up = the baseline's seconds per "
               "token / the row's (tokens up to and including each sample's first EOS), the median over cells with a "
               f"95% percentile bootstrap CI ({meta['bootstrap']['resamples']} resamples of the cells, seed "
@@ -305,4 +306,3 @@ def render(rows: Sequence[TimingRow], meta: dict) -> str:
                      f"{r.repeats} | {r.tokens_per_second:.1f} | {r.baseline_tokens_per_second:.1f} | "
                      f"{_x(r.flop_ideal)} | {r.flag} |")
     return "\n".join(lines) + "\n"
-
