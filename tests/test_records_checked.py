@@ -328,8 +328,8 @@ def test_every_committed_table_is_what_the_report_computes(tmp_path):
     for folder in folders:
         copy = tmp_path / folder.name
         copy.mkdir()
-        for f in [*folder.glob("*.jsonl"), folder / "config.json"]:
-            shutil.copy(f, copy / f.name)
+        for f in [*folder.glob("*.jsonl"), folder / "config.json", *folder.glob("timing.json")]:
+            shutil.copy(f, copy / f.name)  # timing.json: the interleaved timing a table shows beside its own
         baseline = json.loads((folder / "config.json").read_text()).get("baseline") or "baseline_semiar"
         report.build_report(copy, baseline, plot=False)
         for name in ("ablation.md", "ablation.csv"):
