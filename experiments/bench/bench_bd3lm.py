@@ -37,17 +37,8 @@ from experiments.bench.ratios import clock_name, fmt, interleaved, load_average,
 from dlm.model import ModelConfig, Transformer
 from dlm.stats import forward_flops
 from harness.results import atomic_write_text, git_sha
-from harness.cli import (
-    add_run_args,
-    at_least,
-    device_of,
-    dtype_of,
-    markdown_table,
-    parser,
-    reading,
-    run_main,
-    set_threads,
-)
+from harness.cli import (add_run_args, at_least, device_of, dtype_of, markdown_table, parser, reading, run_main,
+                         set_threads)
 from harness.roofline import call_floor, machine, matmuls_of_call
 
 
