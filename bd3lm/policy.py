@@ -55,15 +55,16 @@ class ExactBlockCache(CachePolicy):
         memo = run.state.get("bd3_mask")
         if memo is not None and memo[0] == (lo, hi):
             return memo[1]
-        start = run.prompt_len if self.align == "prompt" else 0
-        ids = block_ids(hi, self.block_size, start, device=run.x.device)  # (hi,)
-        am = run.attention_mask
-        if am is None:
-            one_block = lo >= start and (lo - start) // self.block_size == (hi - 1 - start) // self.block_size
-            m = None if one_block or hi <= start else block_causal_mask(ids[lo:hi], ids)
+        start, am = run.prompt_len if self.align == "prompt" else 0, run.attention_mask
+        one_block = hi <= start or lo >= start and (lo - start) // self.block_size == (hi - 1 - start) // self.block_size
+        if am is None and one_block:
+            m = None
         else:
-            cols = torch.arange(hi, device=run.x.device)
-            m = block_causal_mask(ids[lo:hi], ids, am[:, :hi]) | (cols[lo:hi, None] == cols[None, :])
+            ids = block_ids(hi, self.block_size, start, device=run.x.device)  # (hi,)
+            m = block_causal_mask(ids[lo:hi], ids, None if am is None else am[:, :hi])
+            if am is not None:
+                cols = torch.arange(hi, device=run.x.device)
+                m = m | (cols[lo:hi, None] == cols[None, :])
         run.state["bd3_mask"] = ((lo, hi), m)
         return m
 

@@ -21,27 +21,9 @@ import json
 from pathlib import Path
 
 from dlm.io import stable_json
-from experiments.train.anyorder_curves import RUN_FILE
+from experiments.train.anyorder_curves import RUN_FILE, read_metrics
 from harness.cli import markdown_table, parser, run_main
 from harness.results import atomic_write_text
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The trainer's ``metrics.jsonl``, checked: every line a JSON object with an int ``step``, and an
-    ``eval/accuracy`` in [0, 1] where there is one (else a ValueError naming the file and line)."""
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            ok = isinstance(r, dict) and isinstance(r.get("step"), int) and 0 <= r.get("eval/accuracy", 0) <= 1
-        except (ValueError, TypeError):
-            ok = False
-        if not ok:
-            raise ValueError(f"{path}: line {n} is not a trainer metrics record (step, eval/accuracy in [0, 1])")
-        out.append(r)
-    return out
 
 
 def read_run(path) -> dict:

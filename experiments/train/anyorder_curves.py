@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from experiments.eval import infill
 from experiments.eval.anyorder import CHECK, GEN, answers, test_set
@@ -68,13 +69,29 @@ def eval_fn(tok, task: str, objective: str, sets: dict[str, list], batch_size: i
     return evaluate
 
 
+def read_metrics(path) -> list[dict]:
+    """The trainer's ``metrics.jsonl``, checked: every line a JSON object with an int ``step``, and an
+    ``eval/accuracy`` in [0, 1] where there is one (else a ValueError naming the file and line)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            ok = isinstance(r, dict) and isinstance(r.get("step"), int) and 0 <= r.get("eval/accuracy", 0) <= 1
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}: line {n} is not a trainer metrics record (step, eval/accuracy in [0, 1])")
+        out.append(r)
+    return out
+
+
 def curve(metrics_path: str) -> list[float]:
     """The ``eval/accuracy`` values logged in a run's ``metrics.jsonl``, in order."""
     if not os.path.exists(metrics_path):
         return []
-    with open(metrics_path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    return [r["eval/accuracy"] for r in read_metrics(metrics_path) if "eval/accuracy" in r]
 
 
 def flat(accuracies: list[float], patience: int, delta: float) -> bool:
