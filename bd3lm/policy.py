@@ -56,7 +56,8 @@ class ExactBlockCache(CachePolicy):
         if memo is not None and memo[0] == (lo, hi):
             return memo[1]
         start, am = run.prompt_len if self.align == "prompt" else 0, run.attention_mask
-        one_block = hi <= start or lo >= start and (lo - start) // self.block_size == (hi - 1 - start) // self.block_size
+        L = self.block_size
+        one_block = hi <= start or lo >= start and (lo - start) // L == (hi - 1 - start) // L
         if am is None and one_block:
             m = None
         else:
