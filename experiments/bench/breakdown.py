@@ -19,18 +19,34 @@ the first answer block, ``lo = P``), on a cache filled by one committing forward
 ``embedded`` runs the committed checkpoints (``llada-arith`` for full/prefix/dual,
 ``bd3lm-arith-16`` for exact, ``dream-ar`` for ar), ``mid`` random weights (d 512, 8 layers, vocab
 32000); prompts are random ids. ``whole / matmuls`` = 1 means nothing but matmuls.
+
+What the rest is made of, measured beside it: ``aten ops``, the operators one forward dispatches
+(views included), and ``narrow``, the same forward kind on the same architecture at the narrowest
+width (d_model = 2 x heads, MLP 8, random weights): every op and Python call of the forward with
+almost no arithmetic, i.e. what eager PyTorch pays per forward before any FLOP. Where ``narrow``
+is close to ``rest`` the rest is dispatch, which no kernel makes faster: only fewer ops (fusion,
+compilation) do.
+
+``--compile`` adds the forward compiled (``torch.compile`` of the model's body, as
+:mod:`dlm.compiled` does) with static shapes (one graph per window: what bucketed windows would
+give) and with dynamic shapes (one graph for all), each timed in the same rounds: compiled
+speed-up = eager / compiled, the first call's seconds (the compile) and whether the compiled
+forward's argmax equals the eager one's at every column.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlm.attention import block_causal_mask, block_ids, causal_mask
 from dlm.cache import KVCache
 from dlm.io import stable_json
+from dlm.model import Transformer
 from experiments.bench.bench_load import models_for
 from experiments.bench.ratios import clock_name, fmt, interleaved, load_average, ratio
 from harness.cli import (
@@ -53,7 +69,8 @@ BLOCK, BD3_BLOCK = 32, 16
 
 def forward_of(kind: str, model, B: int, P: int, G: int):
     """(a call running the forward once, its query columns, its LM-head columns) on random ids
-    with a cache filled over all ``P + G`` columns."""
+    with a cache filled over all ``P + G`` columns; the call takes an optional stand-in ``body``
+    (a compiled one, :meth:`dlm.model.Transformer.forward`)."""
     cfg = model.config
     T, lo = P + G, P
     g = torch.Generator().manual_seed(0)
@@ -70,8 +87,8 @@ def forward_of(kind: str, model, B: int, P: int, G: int):
         kw = {"cache": cache, "start": start} if cached else {}
 
         @torch.no_grad()
-        def run():
-            return model(x[:, start:stop], attn_mask=mask, logits_slice=head, rope=rope, **kw)
+        def run(body=None):
+            return model(x[:, start:stop], attn_mask=mask, logits_slice=head, rope=rope, body=body, **kw)
 
         return run, stop - start, len(range(stop - start)[head])
 
@@ -93,6 +110,36 @@ def forward_of(kind: str, model, B: int, P: int, G: int):
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
+def narrow(model: Transformer) -> Transformer:
+    """``model``'s architecture (layers, heads, layout, vocabulary) at d_model = 2 x heads and
+    MLP 8, random weights: the same ops per forward with almost no arithmetic."""
+    cfg = dataclasses.replace(model.config, d_model=2 * model.config.n_heads, mlp_hidden=8)
+    weight = model.embed.weight
+    with torch.device(weight.device):
+        small = Transformer(cfg)
+    small.reset_parameters(generator=torch.Generator(weight.device).manual_seed(0))
+    return small.to(weight.dtype).eval()
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten operators dispatched inside it (``n``), views included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops(fn) -> int:
+    """How many aten operators one call of ``fn`` dispatches."""
+    with OpCount() as count:
+        fn()
+    return count.n
+
+
 def repeated(fn, n: int):
     def run() -> None:
         for _ in range(n):
@@ -101,47 +148,81 @@ def repeated(fn, n: int):
     return run
 
 
+def compiled_arm(model: Transformer, run, mode: str) -> tuple:
+    """(``run`` through a fresh ``torch.compile`` of ``model``'s body, ``mode`` static or dynamic
+    shapes; its first call's seconds; whether its argmax equals the eager forward's at every
+    column)."""
+    import time
+
+    torch._dynamo.reset()
+    comp = torch.compile(model.body, dynamic=mode == "dynamic")
+    eager = run()
+    t0 = time.perf_counter()
+    out = run(body=comp)
+    first = time.perf_counter() - t0
+    return (lambda: run(body=comp)), first, bool(torch.equal(out.argmax(-1), eager.argmax(-1)))
+
+
 def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
-              target_s: float = 0.05) -> dict:
-    """Rows (kind, batch): whole and matmul seconds per forward (medians), whole / matmuls and
-    rest / whole with 95% intervals. Each timed call repeats the forward to last ~``target_s``."""
+              target_s: float = 0.05, compile_modes=()) -> dict:
+    """Rows (kind, batch): whole, matmul and narrow-width seconds per forward (medians), whole /
+    matmuls, rest / whole and narrow / rest with 95% intervals, and the forward's aten op count.
+    Each timed call repeats the forward to last ~``target_s``."""
     import time
 
     models, _tok, _pool = models_for(shape, device, dtype)
+    narrows = {id(m): narrow(m) for m in models.values()}
     rows = []
     for kind in kinds:
         model = models[MODEL_OF[kind]]
         for B in batches:
             run, q, head = forward_of(kind, model, B, prompt, gen)
+            thin, _q, _h = forward_of(kind, narrows[id(model)], B, prompt, gen)
             mm = matmul_call(model, B * q, B * head)
+            ops = aten_ops(run)
             run()
             t0 = time.perf_counter()
             run()
             n = max(1, min(200, round(target_s / max(time.perf_counter() - t0, 1e-6))))
             load = load_average()
-            times = interleaved({"whole": repeated(run, n), "matmuls": repeated(mm, n)}, repeats, device)
-            times = {k: [t / n for t in v] for k, v in times.items()}
+            arms = {"whole": repeated(run, n), "matmuls": repeated(mm, n), "narrow": repeated(thin, n)}
+            compiled = {}
+            for mode in compile_modes:
+                fn, first, same = compiled_arm(model, run, mode)
+                arms[mode] = repeated(fn, n)
+                compiled[mode] = {"first_call_s": first, "argmax_equal": same}
+            times = {k: [t / n for t in v] for k, v in interleaved(arms, repeats, device).items()}
             rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])], **times}
+            med = {k: sorted(v)[repeats // 2] for k, v in times.items()}
             row = {"kind": kind, "batch": B, "queries": q, "head": head, "forwards_per_call": n, "load": load,
-                   "whole_s": sorted(times["whole"])[repeats // 2], "matmuls_s": sorted(times["matmuls"])[repeats // 2],
+                   "aten_ops": ops, "whole_s": med["whole"], "matmuls_s": med["matmuls"], "narrow_s": med["narrow"],
                    "whole_over_matmuls": ratio(times, "whole", "matmuls"), "rest_over_whole": ratio(rest, "rest", "whole"),
-                   "times": times}
+                   "narrow_over_rest": ratio(rest, "narrow", "rest"), "times": times,
+                   "compiled": {m: {"speedup": ratio(times, "whole", m), **c} for m, c in compiled.items()}}
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("kind", "batch", "queries", "whole_s", "matmuls_s", "load")}
                              | {"whole/matmuls": fmt(row["whole_over_matmuls"]),
-                                "rest/whole": fmt(row["rest_over_whole"])}), flush=True)
+                                "rest/whole": fmt(row["rest_over_whole"]),
+                                "narrow/rest": fmt(row["narrow_over_rest"])}), flush=True)
     return {"shape": shape, "prompt_len": prompt, "gen_length": gen, "repeats": repeats, "device": str(device),
             "dtype": str(dtype), "threads": torch.get_num_threads(), "clock": clock_name(device), "rows": rows, "git_sha": git_sha()}
 
 
 def table(res: dict) -> list[str]:
-    """The markdown breakdown table of :func:`breakdown`'s result."""
+    """The markdown breakdown table of :func:`breakdown`'s result (with the compiled columns when
+    it timed them)."""
+    modes = list(res["rows"][0]["compiled"]) if res["rows"] else []
     body = [[r["kind"], r["batch"], f"{r['queries']} x {r['head']}", f"{1e3 * r['whole_s']:.2f}",
              f"{1e3 * r['matmuls_s']:.2f}", f"{1e3 * (r['whole_s'] - r['matmuls_s']):.2f}",
-             fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), " ".join(map(str, r["load"]))]
+             fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), r["aten_ops"], f"{1e3 * r['narrow_s']:.2f}",
+             fmt(r["narrow_over_rest"]),
+             *[fmt(r["compiled"][m]["speedup"]) + ("" if r["compiled"][m]["argmax_equal"] else " (argmax differs)")
+               for m in modes],
+             " ".join(map(str, r["load"]))]
             for r in res["rows"]]
     return markdown_table(["forward", "batch", "queries x head", "whole ms", "matmuls ms", "rest ms",
-                           "whole / matmuls", "rest / whole", "load avg"], body)
+                           "whole / matmuls", "rest / whole", "aten ops", "narrow ms", "narrow / rest",
+                           *[f"eager / compiled {m}" for m in modes], "load avg"], body)
 
 
 def main(argv=None) -> list[dict]:
@@ -157,6 +238,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--gen-length", type=count, default=256, metavar="G",
                    help="answer columns, a multiple of 32 (default 256)")
     p.add_argument("--repeats", type=count, default=7, metavar="N", help="interleaved rounds (default 7)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the forward compiled with static and with dynamic shapes")
     p.add_argument("--out", default=None, metavar="DIR", help="write <out>/breakdown_<shape>.md and .json")
     a = p.parse_args(argv)
     if a.gen_length % BLOCK:
@@ -166,13 +249,17 @@ def main(argv=None) -> list[dict]:
     out = []
     for shape in a.shape:
         res = breakdown(shape, sorted(set(a.batches)), a.prompt_len, a.gen_length, a.repeats, device,
-                        dtype_of(a.dtype, device), a.kinds)
+                        dtype_of(a.dtype, device), a.kinds, compile_modes=("static", "dynamic") if a.compile else ())
         out.append(res)
         if a.out:
             md = [f"# Forward time against its matmuls: {shape} shape, prompt {a.prompt_len}, gen {a.gen_length}", "",
                   (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds ({res['clock']}); "
                    f"git {res['git_sha']}. Times per forward: medians; ratios: median of the per-round ratios [95% "
-                   "bootstrap interval]; rest = whole - matmuls."), "", *table(res)]
+                   "bootstrap interval]; rest = whole - matmuls; narrow = the same forward at d_model = 2 x heads, "
+                   "MLP 8 (its ops, almost no arithmetic)."
+                   + (" eager / compiled: the body under torch.compile with static shapes (a graph per window) and "
+                      "with dynamic shapes (one graph), timed in the same rounds; argmax equal to eager's unless "
+                      "marked." if a.compile else "")), "", *table(res)]
             Path(a.out).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.md", "\n".join(md) + "\n")
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.json", stable_json(res, indent=1))
