@@ -23,15 +23,18 @@ the first answer block, ``lo = P``), on a cache filled by one committing forward
 What the rest is made of, measured beside it: ``aten ops``, the operators one forward dispatches
 (views included), and ``narrow``, the same forward kind on the same architecture at the narrowest
 width (d_model = 2 x heads, MLP 8, random weights): every op and Python call of the forward with
-almost no arithmetic, i.e. what eager PyTorch pays per forward before any FLOP. Where ``narrow``
-is close to ``rest`` the rest is dispatch, which no kernel makes faster: only fewer ops (fusion,
-compilation) do.
+almost no arithmetic per column. What is left at that width is the ops' dispatch and the work that
+does not scale with the width (attention's softmax over queries x keys per head). Where
+``narrow`` is close to ``rest``, faster kernels cannot shrink the rest: only fewer ops (fusion,
+compilation) can.
 
 ``--compile`` adds the forward compiled (``torch.compile`` of the model's body, as
 :mod:`dlm.compiled` does) with static shapes (one graph per window: what bucketed windows would
-give) and with dynamic shapes (one graph for all), each timed in the same rounds: compiled
-speed-up = eager / compiled, the first call's seconds (the compile) and whether the compiled
-forward's argmax equals the eager one's at every column.
+give), with dynamic shapes (one graph for all), and with static shapes but the K/V cache's in-place
+write left out of the graph (``static_write_eager``: traced into the graph, a slice write into the
+cache's one (layers, B, H, T, D) buffer is functionalized into copies of that buffer), each timed in
+the same rounds: compiled speed-up = eager / compiled, the first call's seconds (the compile) and
+whether the compiled forward's argmax equals the eager one's at every column.
 """
 
 from __future__ import annotations
@@ -148,19 +151,37 @@ def repeated(fn, n: int):
     return run
 
 
+#: compile modes: dynamic shapes, static shapes, and static shapes with the K/V cache's write kept
+#: out of the graph (the write under ``torch.compiler.disable``, a graph break per layer)
+COMPILE_MODES = ("static", "dynamic", "static_write_eager")
+
+
 def compiled_arm(model: Transformer, run, mode: str) -> tuple:
-    """(``run`` through a fresh ``torch.compile`` of ``model``'s body, ``mode`` static or dynamic
-    shapes; its first call's seconds; whether its argmax equals the eager forward's at every
-    column)."""
+    """(``run`` through a fresh ``torch.compile`` of ``model``'s body in ``mode``
+    (:data:`COMPILE_MODES`); its first call's seconds; whether its argmax equals the eager
+    forward's at every column). ``static_write_eager`` swaps :meth:`KVCache.layer_kv` for its
+    disabled twin during its own calls only, so the other arms trace the write into their graphs."""
     import time
 
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     torch._dynamo.reset()
     comp = torch.compile(model.body, dynamic=mode == "dynamic")
+    inside = KVCache.layer_kv
+    outside = torch.compiler.disable(inside) if mode == "static_write_eager" else inside
+
+    def fn():
+        KVCache.layer_kv = outside
+        try:
+            return run(body=comp)
+        finally:
+            KVCache.layer_kv = inside
+
     eager = run()
     t0 = time.perf_counter()
-    out = run(body=comp)
+    out = fn()
     first = time.perf_counter() - t0
-    return (lambda: run(body=comp)), first, bool(torch.equal(out.argmax(-1), eager.argmax(-1)))
+    return fn, first, bool(torch.equal(out.argmax(-1), eager.argmax(-1)))
 
 
 def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
@@ -238,8 +259,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--gen-length", type=count, default=256, metavar="G",
                    help="answer columns, a multiple of 32 (default 256)")
     p.add_argument("--repeats", type=count, default=7, metavar="N", help="interleaved rounds (default 7)")
-    p.add_argument("--compile", action="store_true",
-                   help="also time the forward compiled with static and with dynamic shapes")
+    p.add_argument("--compile", action="store_true", help="also time the forward compiled: static shapes, dynamic "
+                   "shapes, static with the cache write out of the graph")
     p.add_argument("--out", default=None, metavar="DIR", help="write <out>/breakdown_<shape>.md and .json")
     a = p.parse_args(argv)
     if a.gen_length % BLOCK:
@@ -249,7 +270,7 @@ def main(argv=None) -> list[dict]:
     out = []
     for shape in a.shape:
         res = breakdown(shape, sorted(set(a.batches)), a.prompt_len, a.gen_length, a.repeats, device,
-                        dtype_of(a.dtype, device), a.kinds, compile_modes=("static", "dynamic") if a.compile else ())
+                        dtype_of(a.dtype, device), a.kinds, compile_modes=COMPILE_MODES if a.compile else ())
         out.append(res)
         if a.out:
             md = [f"# Forward time against its matmuls: {shape} shape, prompt {a.prompt_len}, gen {a.gen_length}", "",
@@ -257,9 +278,9 @@ def main(argv=None) -> list[dict]:
                    f"git {res['git_sha']}. Times per forward: medians; ratios: median of the per-round ratios [95% "
                    "bootstrap interval]; rest = whole - matmuls; narrow = the same forward at d_model = 2 x heads, "
                    "MLP 8 (its ops, almost no arithmetic)."
-                   + (" eager / compiled: the body under torch.compile with static shapes (a graph per window) and "
-                      "with dynamic shapes (one graph), timed in the same rounds; argmax equal to eager's unless "
-                      "marked." if a.compile else "")), "", *table(res)]
+                   + (" eager / compiled: the body under torch.compile with static shapes (a graph per window), "
+                      "dynamic shapes (one graph), and static shapes with the cache write out of the graph, timed in "
+                      "the same rounds; argmax equal to eager's unless marked." if a.compile else "")), "", *table(res)]
             Path(a.out).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.md", "\n".join(md) + "\n")
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.json", stable_json(res, indent=1))
