@@ -25,32 +25,6 @@ import torch
 from torch import Tensor
 
 
-@torch.library.custom_op("dlm::write_window", mutates_args=("storage",))
-def write_window(storage: Tensor, fresh: Tensor, layer: int, start: int) -> None:
-    """``storage[layer, :, :, start:start + W] = fresh`` (fresh: (B, H, W, D)) as one operator
-    that declares its mutation. Traced by ``torch.compile``, the slice assignment it stands for is
-    functionalized into copies of the whole (L, B, H, T, D) buffer, per layer and per call; this op
-    is written in place (``experiments.bench.breakdown --compile`` measures both)."""
-    storage[layer, :, :, start:start + fresh.shape[2]] = fresh
-
-
-@torch.library.custom_op("dlm::scatter_window", mutates_args=("storage",))
-def scatter_window(storage: Tensor, fresh: Tensor, layer: int, index: Tensor) -> None:
-    """``storage[layer].scatter_(2, index, fresh)`` (index: (B, H, W, D) columns) as one operator
-    that declares its mutation, for the same reason as :func:`write_window`."""
-    storage[layer].scatter_(2, index, fresh)
-
-
-@write_window.register_fake
-def _write_window_shape(storage: Tensor, fresh: Tensor, layer: int, start: int) -> None:
-    return None
-
-
-@scatter_window.register_fake
-def _scatter_window_shape(storage: Tensor, fresh: Tensor, layer: int, index: Tensor) -> None:
-    return None
-
-
 class KVCache:
     """Preallocated per-layer keys/values: ``k``, ``v`` of shape (n_layers, B, H, T_max, D)."""
 
@@ -118,15 +92,10 @@ class KVCache:
         scratch one write alike (see the module docstring); the model extends ``length`` after a
         committing forward.
         """
-        compiling = torch.compiler.is_compiling()  # in a graph the writes go through the in-place ops
         if isinstance(start, Tensor):
             idx = start[:, None, :, None].expand_as(k_new)  # (B, H, W, D)
-            if compiling:
-                scatter_window(self.k, k_new, layer, idx)
-                scatter_window(self.v, v_new, layer, idx)
-            else:
-                self.k[layer].scatter_(2, idx, k_new)
-                self.v[layer].scatter_(2, idx, v_new)
+            self.k[layer].scatter_(2, idx, k_new)
+            self.v[layer].scatter_(2, idx, v_new)
             return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]
         width = k_new.shape[2]
         stop = start + width
@@ -135,12 +104,8 @@ class KVCache:
             pin = self.keep[:, None, start:stop, None]  # (B, 1, W, 1)
             k_new = torch.where(pin, self.k[layer, :, :, start:stop], k_new)
             v_new = torch.where(pin, self.v[layer, :, :, start:stop], v_new)
-        if compiling:
-            write_window(self.k, k_new, layer, start)
-            write_window(self.v, v_new, layer, start)
-        else:
-            self.k[layer, :, :, start:stop] = k_new
-            self.v[layer, :, :, start:stop] = v_new
+        self.k[layer, :, :, start:stop] = k_new
+        self.v[layer, :, :, start:stop] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def advance(self, end: int) -> None:

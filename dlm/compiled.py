@@ -5,10 +5,9 @@ forward's checks, the cache's length and the LM head (its column slice changes w
 Only :meth:`dlm.model.Transformer.body` is compiled (TorchInductor: fused RMSNorm / RoPE / SiLU
 kernels, fewer Python dispatches), with *dynamic* shapes (``dynamic=True``): one graph per kind of
 call (with or without a cache, masked or not) serves every width and
-every window start. The cache is written in place inside the graph by operators that declare
-their mutation (:func:`dlm.cache.write_window`, :func:`dlm.cache.scatter_window`; a slice
-assignment would be functionalized into copies of the whole cache buffer per layer), so a compiled
-forward reads and writes the same storage as an eager one and the tokens are equal (tested). CUDA graphs (``mode="reduce-overhead"``) are not
+every window start. The cache is written in place inside the graph
+(:meth:`dlm.cache.KVCache.layer_kv`), so a compiled forward reads and writes the same storage as
+an eager one and the tokens are equal (tested). CUDA graphs (``mode="reduce-overhead"``) are not
 used: they need static shapes and addresses, which the growing windows do not have.
 """
 

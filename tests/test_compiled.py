@@ -1,15 +1,10 @@
 """Compiled decode (dlm.compiled): the model forward under torch.compile gives the eager tokens
-for a cache-free, an approximate-cache, a gathered-window (dLLM-Cache), an exact-cache and the AR
-strategy, on one compiled model (dynamic shapes: one graph for every window kind and start). Slow:
-TorchInductor compiles C++. In a traced forward the cache's writes are the in-place operators
-``dlm::write_window`` / ``dlm::scatter_window``, never a slice assignment into the cache buffer."""
-
-import operator
+for a cache-free, an approximate-cache, an exact-cache and the AR strategy, on one compiled model
+(dynamic shapes: one graph for every window kind and start). Slow: TorchInductor compiles C++."""
 
 import pytest
 import torch
 
-from dlm.cache import KVCache
 from dlm.compiled import compiled
 from dlm.spec import Sampler, generate
 from tests.tiny import random_prompts, tiny_model
@@ -25,8 +20,6 @@ def test_compiled_decode_gives_the_eager_tokens():
     rows = [Sampler.of("baseline", policy="none", rule="topk", gen_length=16, block_length=8),
             Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=16, block_length=8, threshold=0.2),
             Sampler.of("prefix", policy="prefix", rule="topk", gen_length=16, block_length=8, steps=8),
-            Sampler.of("dllm_cache", policy="dllm_cache", rule="topk", gen_length=16, block_length=8, gen_interval=2,
-                       transfer_ratio=0.5),
             Sampler.of("ar", policy="ar", rule="topk", gen_length=16, block_length=1)]
     for s in rows:
         eager = generate(model, ids, mask, s)
@@ -43,32 +36,3 @@ def test_compile_flag_is_checked_before_compute():
                  Sampler.of("baseline", policy="none", rule="topk", gen_length=8, block_length=8), compile="yes")
     with pytest.raises(TypeError, match="model"):
         compiled(object())
-
-
-@pytest.mark.parametrize("gathered", [False, True])
-def test_a_traced_forward_writes_the_cache_through_the_in_place_ops(gathered):
-    model = tiny_model()
-    cfg = model.config
-    ids = random_prompts(2, 12, cfg)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    eager_cache, traced_cache = (KVCache.for_model(model, 2, 12) for _ in range(2))
-    for cache in (eager_cache, traced_cache):
-        with torch.no_grad():
-            model(ids, cache=cache, commit=True)
-    body = torch.compile(model.body, backend=capture, dynamic=True)
-    window = torch.tensor([[3, 5], [4, 7]]) if gathered else 4
-    x = ids.gather(1, window) if gathered else ids[:, 4:6]
-    pos = window if gathered else torch.arange(4, 6).expand(2, 2)
-    with torch.no_grad():
-        want = model(x, positions=pos, cache=eager_cache, start=window)
-        got = model(x, positions=pos, cache=traced_cache, start=window, body=body)
-    op = torch.ops.dlm.scatter_window.default if gathered else torch.ops.dlm.write_window.default
-    nodes = [n for g in graphs for n in g.graph.nodes if n.op in ("call_function", "call_method")]
-    assert [n.target for n in nodes].count(op) == 2 * cfg.n_layers and graphs  # K and V per layer, in the graph
-    assert not [n for n in nodes if n.target in (operator.setitem, "scatter_", torch.Tensor.scatter_)]
-    assert torch.equal(got, want) and torch.equal(traced_cache.k, eager_cache.k) and torch.equal(traced_cache.v, eager_cache.v)
