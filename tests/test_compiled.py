@@ -1,5 +1,5 @@
 """Compiled decode (dlm.compiled): the model forward under torch.compile gives the eager tokens
-for a cache-free, an approximate-cache, an exact-cache and the AR strategy, on one compiled model
+for a cache-free, an approximate-cache, a gathered-window (dLLM-Cache), an exact-cache and the AR strategy, on one compiled model
 (dynamic shapes: one graph for every window kind and start). Slow: TorchInductor compiles C++."""
 
 import pytest
@@ -20,6 +20,8 @@ def test_compiled_decode_gives_the_eager_tokens():
     rows = [Sampler.of("baseline", policy="none", rule="topk", gen_length=16, block_length=8),
             Sampler.of("dual_threshold", policy="dual", rule="threshold", gen_length=16, block_length=8, threshold=0.2),
             Sampler.of("prefix", policy="prefix", rule="topk", gen_length=16, block_length=8, steps=8),
+            Sampler.of("dllm_cache", policy="dllm_cache", rule="topk", gen_length=16, block_length=8, gen_interval=2,
+                       transfer_ratio=0.5),
             Sampler.of("ar", policy="ar", rule="topk", gen_length=16, block_length=1)]
     for s in rows:
         eager = generate(model, ids, mask, s)
