@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from experiments.bench import breakdown
+from dlm.stats import forward_flops
 from harness.shapes import random_model
 
 
@@ -20,6 +21,7 @@ def test_tiny_shape_times_every_kind(tmp_path):
         lo, hi = r["whole_over_matmuls"]["ci"]
         assert lo <= r["whole_over_matmuls"]["median"] <= hi
         assert r["narrow_s"] > 0 and r["aten_ops"] > 20
+        assert r["ns_per_flop"] == pytest.approx(1e9 * r["whole_s"] / r["flops"])
         lo, hi = r["narrow_over_rest"]["ci"]
         assert lo <= r["narrow_over_rest"]["median"] <= hi
     md = (tmp_path / "breakdown_tiny.md").read_text()
@@ -42,8 +44,8 @@ def test_narrow_model_dispatches_the_same_ops(layout):
     assert {k: v for k, v in vars(small).items() if k not in ("d_model", "mlp_hidden")} == \
         {k: v for k, v in vars(cfg).items() if k not in ("d_model", "mlp_hidden")}
     for kind in breakdown.KINDS:
-        run, _q, _h = breakdown.forward_of(kind, model, 2, 8, 64)
-        thin_run, _q, _h = breakdown.forward_of(kind, thin, 2, 8, 64)
+        run = breakdown.forward_of(kind, model, 2, 8, 64)[0]
+        thin_run = breakdown.forward_of(kind, thin, 2, 8, 64)[0]
         assert breakdown.aten_ops(run) == breakdown.aten_ops(thin_run), kind
 
 
@@ -68,3 +70,15 @@ def test_compiled_arms_time_and_check_the_forward(tmp_path):
     md = (tmp_path / "breakdown_tiny.md").read_text()
     assert "| eager / compiled static | eager / compiled dynamic | eager / compiled static_write_eager |" in md
     assert "argmax differs" not in md and breakdown.KVCache.layer_kv is KVCache_layer_kv  # the swap is undone
+
+
+def test_a_forwards_flops_are_the_loops_count():
+    model = random_model(dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden=48), 256)
+    dense = model.config.num_params(include_embeddings=False)
+    P, G = 8, 64
+    want = {"full": (P + G, P + G, 32), "prefix": (G, P + G, 32), "dual": (32, P + G, 32), "exact": (16, P + 16, 16),
+            "ar": (1, P + G // 2 + 1, 1)}
+    for kind, (q, keys, head) in want.items():
+        _run, q_got, head_got, flops = breakdown.forward_of(kind, model, 2, P, G)
+        assert (q_got, head_got) == (q, head)
+        assert flops == forward_flops(dense, 2, 32, q, keys, 64, head), kind

@@ -50,6 +50,7 @@ from dlm.attention import block_causal_mask, block_ids, causal_mask
 from dlm.cache import KVCache
 from dlm.io import stable_json
 from dlm.model import Transformer
+from dlm.stats import forward_flops
 from experiments.bench.bench_load import models_for
 from experiments.bench.ratios import clock_name, fmt, interleaved, load_average, ratio
 from harness.cli import (
@@ -71,9 +72,10 @@ BLOCK, BD3_BLOCK = 32, 16
 
 
 def forward_of(kind: str, model, B: int, P: int, G: int):
-    """(a call running the forward once, its query columns, its LM-head columns) on random ids
-    with a cache filled over all ``P + G`` columns; the call takes an optional stand-in ``body``
-    (a compiled one, :meth:`dlm.model.Transformer.forward`)."""
+    """(a call running the forward once, its query columns, its LM-head columns, its FLOPs per
+    row, :func:`dlm.stats.forward_flops`) on random ids with a cache filled over all ``P + G``
+    columns; the call takes an optional stand-in ``body`` (a compiled one,
+    :meth:`dlm.model.Transformer.forward`)."""
     cfg = model.config
     T, lo = P + G, P
     g = torch.Generator().manual_seed(0)
@@ -93,7 +95,11 @@ def forward_of(kind: str, model, B: int, P: int, G: int):
         def run(body=None):
             return model(x[:, start:stop], attn_mask=mask, logits_slice=head, rope=rope, body=body, **kw)
 
-        return run, stop - start, len(range(stop - start)[head])
+        q, n_head = stop - start, len(range(stop - start)[head])
+        keys = cache.key_len(start, q) if cached else q  # (the dual window reads every cached column)
+        flops = forward_flops(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model, q, keys,
+                              cfg.vocab_size, n_head)
+        return run, q, n_head, flops
 
     if kind == "full":
         return call(0, T, None, slice(lo, lo + BLOCK), cached=False)
@@ -187,7 +193,8 @@ def compiled_arm(model: Transformer, run, mode: str) -> tuple:
 def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
               target_s: float = 0.05, compile_modes=()) -> dict:
     """Rows (kind, batch): whole, matmul and narrow-width seconds per forward (medians), whole /
-    matmuls, rest / whole and narrow / rest with 95% intervals, and the forward's aten op count.
+    matmuls, rest / whole and narrow / rest with 95% intervals, the forward's aten op count, its
+    FLOPs and whole seconds per FLOP.
     Each timed call repeats the forward to last ~``target_s``."""
     import time
 
@@ -197,8 +204,8 @@ def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, 
     for kind in kinds:
         model = models[MODEL_OF[kind]]
         for B in batches:
-            run, q, head = forward_of(kind, model, B, prompt, gen)
-            thin, _q, _h = forward_of(kind, narrows[id(model)], B, prompt, gen)
+            run, q, head, flops = forward_of(kind, model, B, prompt, gen)
+            thin = forward_of(kind, narrows[id(model)], B, prompt, gen)[0]
             mm = matmul_call(model, B * q, B * head)
             ops = aten_ops(run)
             run()
@@ -216,7 +223,8 @@ def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, 
             rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])], **times}
             med = {k: sorted(v)[repeats // 2] for k, v in times.items()}
             row = {"kind": kind, "batch": B, "queries": q, "head": head, "forwards_per_call": n, "load": load,
-                   "aten_ops": ops, "whole_s": med["whole"], "matmuls_s": med["matmuls"], "narrow_s": med["narrow"],
+                   "aten_ops": ops, "flops": B * flops, "ns_per_flop": 1e9 * med["whole"] / (B * flops),
+                   "whole_s": med["whole"], "matmuls_s": med["matmuls"], "narrow_s": med["narrow"],
                    "whole_over_matmuls": ratio(times, "whole", "matmuls"), "rest_over_whole": ratio(rest, "rest", "whole"),
                    "narrow_over_rest": ratio(rest, "narrow", "rest"), "times": times,
                    "compiled": {m: {"speedup": ratio(times, "whole", m), **c} for m, c in compiled.items()}}
@@ -236,13 +244,13 @@ def table(res: dict) -> list[str]:
     body = [[r["kind"], r["batch"], f"{r['queries']} x {r['head']}", f"{1e3 * r['whole_s']:.2f}",
              f"{1e3 * r['matmuls_s']:.2f}", f"{1e3 * (r['whole_s'] - r['matmuls_s']):.2f}",
              fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), r["aten_ops"], f"{1e3 * r['narrow_s']:.2f}",
-             fmt(r["narrow_over_rest"]),
+             fmt(r["narrow_over_rest"]), f"{1e3 * r['ns_per_flop']:.2f}",
              *[fmt(r["compiled"][m]["speedup"]) + ("" if r["compiled"][m]["argmax_equal"] else " (argmax differs)")
                for m in modes],
              " ".join(map(str, r["load"]))]
             for r in res["rows"]]
     return markdown_table(["forward", "batch", "queries x head", "whole ms", "matmuls ms", "rest ms",
-                           "whole / matmuls", "rest / whole", "aten ops", "narrow ms", "narrow / rest",
+                           "whole / matmuls", "rest / whole", "aten ops", "narrow ms", "narrow / rest", "ps / FLOP",
                            *[f"eager / compiled {m}" for m in modes], "load avg"], body)
 
 
@@ -277,7 +285,8 @@ def main(argv=None) -> list[dict]:
                   (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds ({res['clock']}); "
                    f"git {res['git_sha']}. Times per forward: medians; ratios: median of the per-round ratios [95% "
                    "bootstrap interval]; rest = whole - matmuls; narrow = the same forward at d_model = 2 x heads, "
-                   "MLP 8 (its ops, almost no arithmetic)."
+                   "MLP 8 (its ops, almost no arithmetic); ps / FLOP = whole / the forward's FLOPs "
+                   "(dlm.stats.forward_flops: what the FLOP ideals charge alike)."
                    + (" eager / compiled: the body under torch.compile with static shapes (a graph per window), "
                       "dynamic shapes (one graph), and static shapes with the cache write out of the graph, timed in "
                       "the same rounds; argmax equal to eager's unless marked." if a.compile else "")), "", *table(res)]

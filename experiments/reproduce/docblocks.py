@@ -103,6 +103,29 @@ def speed_forward(results: Path) -> str:
 
 
 @block
+def speed_flop_rate(results: Path) -> str:
+    """Time per FLOP of each forward kind at the timing tables' shape: the FLOP ideal charges every
+    FLOP alike, so a row whose forwards run faster per FLOP than the baseline's beats its ideal."""
+    path = results / "speed" / "flop_rate" / "breakdown_embedded.json"
+    res = load(path, "rows", "git_sha", "prompt_len", "gen_length")
+    for r in res["rows"]:
+        if "ns_per_flop" not in r:
+            raise ValueError(f"{path}: a row lacks 'ns_per_flop' (rerun the plan job speed_flop_rate)")
+    rate = {(r["kind"], r["batch"]): 1e3 * r["ns_per_flop"] for r in res["rows"]}
+    body = [[r["kind"], r["batch"], r["queries"], f"{rate[r['kind'], r['batch']]:.2f}",
+             f"{rate[r['kind'], r['batch']] / rate['full', r['batch']]:.2f}"] for r in res["rows"]]
+    lines = [f"From `results/speed/flop_rate/breakdown_embedded.json` (git {res['git_sha'][:7]}; the embedded "
+             f"model, prompt {res['prompt_len']}, gen {res['gen_length']}).", "",
+             *markdown_table(["forward", "batch", "query columns", "ps per FLOP", "of the full forward's"], body)]
+    for b in sorted({r["batch"] for r in res["rows"]}):
+        if ("dual", b) in rate:
+            lines += ["", f"At batch {b} the full forward costs {rate['full', b] / rate['dual', b]:.2f}x the dual "
+                      f"window's time per FLOP: a dual-cache row's timed speed-up over the baseline can sit that "
+                      f"far from its FLOP ideal."]
+    return "\n".join(lines)
+
+
+@block
 def speed_compiled(results: Path) -> str:
     """Eager / compiled per forward kind, static and dynamic shapes, and the argmax check."""
     res = _breakdowns(results)
