@@ -166,6 +166,25 @@ def read_jsonl(path: Path, *, dedupe: bool = False) -> list[dict]:
     return [record for _, record in read_numbered(path, dedupe=dedupe)]
 
 
+def read_json(path: Path, *fields: str):
+    """The JSON value of a results file (a table's .json, a bench's record), refused with one line
+    naming the file when it is missing or unparsable, or, with ``fields``, not an object holding
+    each of them."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (its plan job writes it: python -m experiments.reproduce --list)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if fields and not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    missing = [f for f in fields if f not in data]
+    if missing:
+        raise ValueError(f"{path}: no field {missing[0]!r}")
+    return data
+
+
 def read_numbered(path: Path, *, dedupe: bool = False) -> list[tuple[int, dict]]:
     """:func:`read_jsonl` with each record's line number (for messages that name the line)."""
     return [(number, record) for number, _, record in _load_jsonl(Path(path), dedupe)[0]]

@@ -62,3 +62,37 @@ def test_a_reproduction_folder_gets_its_own_copies_and_skips_what_it_lacks(tmp_p
     assert docblocks.main(["--results", str(results)]) == 0  # speed.md's other blocks' files are missing here
     assert not (results / "docs").exists()
     assert "skipped speed.md" in capsys.readouterr().err
+
+
+def _anyorder(tmp_path, rows):
+    (tmp_path / "anyorder").mkdir(parents=True)
+    (tmp_path / "anyorder" / "table.json").write_text(json.dumps(rows))
+    return tmp_path
+
+
+def _row(task, row, acc, vs=None, p=None, disc="-"):
+    return {"task": task, "row": row, "n": 100, "accuracy": acc, "ci": [max(0, acc - 0.1), min(1, acc + 0.1)],
+            "vs": vs, "mcnemar_p": p, "discordant": disc}
+
+
+def test_the_anyorder_tests_decide_each_pair_once_at_one_percent(tmp_path):
+    rows = [_row("sudoku", "ar", 0.3, "pure", 1e-20, "60/0"), _row("sudoku", "pure", 0.9, "ar", 1e-20, "0/60"),
+            _row("sudoku", "semiar", 0.88, "pure", 0.02, "5/1"),
+            {"task": "reversal_before", "row": "pure", "n": 100, "gated": True, "forward_accuracy": 0.4}]
+    from experiments.reproduce import docs_anyorder
+
+    out = docs_anyorder.anyorder_tests(_anyorder(tmp_path, rows))
+    assert "| sudoku | ar vs pure | 30.0 vs 90.0 | 1e-20 | 60/0 | pure better |" in out
+    assert out.count("| ar vs pure |") + out.count("| pure vs ar |") == 1  # one line per pair
+    assert "| sudoku | semiar vs pure | 88.0 vs 90.0 | 0.02 | 5/1 | no difference at p < 0.01 |" in out
+    assert "below the 95% gate): reversal_before pure." in out
+    table = docs_anyorder.anyorder_table(tmp_path)
+    assert "| sudoku | 100 | 30.0 [20.0, 40.0] | 90.0 [80.0, 100.0] | 88.0 [78.0, 98.0] |" in table
+    assert "gated (forward 40.0 < 95)" in table
+
+
+def test_an_anyorder_row_without_its_fields_is_refused(tmp_path):
+    from experiments.reproduce import docs_anyorder
+
+    with pytest.raises(ValueError, match=r"table\.json: row 0 lacks \['ci'\]"):
+        docs_anyorder.anyorder_table(_anyorder(tmp_path, [{"task": "t", "row": "ar", "n": 3, "accuracy": 1.0}]))

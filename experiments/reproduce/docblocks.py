@@ -7,43 +7,27 @@ the markers is typed; prose outside them carries no measurement.
     python -m experiments.reproduce.docblocks --check    # exit 1 naming each stale doc
     python -m experiments.reproduce.docblocks --results DIR   # a reproduction's DIR: DIR/docs/NAME.md
 
-A block reads its result files through :func:`load`, which names the file and the field that is
-missing; a doc naming a block nobody registered is refused, naming both.
+The blocks live by topic (:mod:`experiments.reproduce.docs_speed`, ``docs_anyorder``); each
+reads its files through :func:`harness.results.read_json`, which names the file and the missing
+field. A doc naming a block nobody registered is refused, naming both.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from experiments.bench.ratios import fmt
-from harness.cli import markdown_table, parser, run_main
+from experiments.reproduce import docs_anyorder, docs_speed
+from harness.cli import parser, run_main
 from harness.results import REPO, write_if_changed
 
 RESULTS = REPO / "results"
 DOCS = REPO / "docs"
-BLOCKS: dict[str, Callable[[Path], str]] = {}
+#: name -> function of the results folder giving the block's markdown
+BLOCKS: dict[str, Callable[[Path], str]] = {**docs_speed.BLOCKS, **docs_anyorder.BLOCKS}
 START = re.compile(r"<!-- generated:([a-z_]+) \(python -m experiments\.reproduce\.docblocks\) -->\n")
-
-
-def block(fn: Callable[[Path], str]) -> Callable[[Path], str]:
-    """Register ``fn(results) -> markdown`` as the block named after it."""
-    BLOCKS[fn.__name__] = fn
-    return fn
-
-
-def load(path: Path, *fields: str) -> dict:
-    """The JSON object at ``path``, refused (naming the file and field) without each of ``fields``."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (its plan job writes it: python -m experiments.reproduce --list)")
-    data = json.loads(path.read_text())
-    for f in fields:
-        if f not in data:
-            raise ValueError(f"{path}: no field {f!r}")
-    return data
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -62,132 +46,6 @@ def filled(text: str, results: Path, where: str = "doc") -> str:
         head, rest = text.split(start)
         text = head + start + BLOCKS[name](results).rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
     return text
-
-
-# ----------------------------------------------------------------------------------- the blocks
-def _breakdowns(results: Path) -> dict[str, dict]:
-    return {s: load(results / "speed" / f"breakdown_{s}.json", "rows", "git_sha", "repeats")
-            for s in ("mid", "embedded")}
-
-
-def _rows(res: dict, path: str) -> list[dict]:
-    need = ("kind", "batch", "whole_over_matmuls", "rest_over_whole", "aten_ops", "narrow_over_rest", "compiled")
-    for r in res["rows"]:
-        missing = [f for f in need if f not in r]
-        if missing:
-            raise ValueError(f"{path}: a row lacks {missing} (rerun the plan job speed_breakdown)")
-    return res["rows"]
-
-
-@block
-def speed_forward(results: Path) -> str:
-    """Each forward kind whole against its matmuls alone, what the rest is (ops, narrow width), and
-    the issue's bar: ``whole / matmuls <= 1.10`` at the mid shape, batch 1."""
-    res = _breakdowns(results)
-    rows = {s: _rows(r, f"results/speed/breakdown_{s}.json") for s, r in res.items()}
-    body = [[m["kind"], m["batch"], fmt(m["whole_over_matmuls"]), fmt(m["rest_over_whole"]), m["aten_ops"],
-             fmt(m["narrow_over_rest"]), fmt(e["whole_over_matmuls"]), fmt(e["rest_over_whole"]),
-             fmt(e["narrow_over_rest"])]
-            for m, e in zip(rows["mid"], rows["embedded"])]
-    lines = markdown_table(["forward", "batch", "mid: whole / matmuls", "mid: rest / whole", "aten ops",
-                            "mid: narrow / rest", "embedded: whole / matmuls", "embedded: rest / whole",
-                            "embedded: narrow / rest"], body)
-    batch1 = [r for r in rows["mid"] if r["batch"] == 1]
-    met = [r["kind"] for r in batch1 if r["whole_over_matmuls"]["ci"][1] <= 1.10]
-    shas = sorted({r["git_sha"][:7] for r in res.values()})
-    return "\n".join([
-        f"From `results/speed/breakdown_mid.json` and `breakdown_embedded.json` (git {', '.join(shas)}; "
-        f"{res['mid']['repeats']} interleaved rounds, medians [95% intervals]).", "", *lines, "",
-        f"Bar, mid shape, batch 1, whole / matmuls <= 1.10 (the interval's top): met by "
-        f"{len(met)} of {len(batch1)} forward kinds{': ' + ', '.join(met) if met else ''}."])
-
-
-@block
-def speed_flop_rate(results: Path) -> str:
-    """Time per FLOP of each forward kind at the timing tables' shape: the FLOP ideal charges every
-    FLOP alike, so a row whose forwards run faster per FLOP than the baseline's beats its ideal."""
-    path = results / "speed" / "flop_rate" / "breakdown_embedded.json"
-    res = load(path, "rows", "git_sha", "prompt_len", "gen_length")
-    for r in res["rows"]:
-        if "ns_per_flop" not in r:
-            raise ValueError(f"{path}: a row lacks 'ns_per_flop' (rerun the plan job speed_flop_rate)")
-    rate = {(r["kind"], r["batch"]): 1e3 * r["ns_per_flop"] for r in res["rows"]}
-    body = [[r["kind"], r["batch"], r["queries"], f"{rate[r['kind'], r['batch']]:.2f}",
-             f"{rate[r['kind'], r['batch']] / rate['full', r['batch']]:.2f}"] for r in res["rows"]]
-    lines = [f"From `results/speed/flop_rate/breakdown_embedded.json` (git {res['git_sha'][:7]}; the embedded "
-             f"model, prompt {res['prompt_len']}, gen {res['gen_length']}).", "",
-             *markdown_table(["forward", "batch", "query columns", "ps per FLOP", "of the full forward's"], body)]
-    for b in sorted({r["batch"] for r in res["rows"]}):
-        if ("dual", b) in rate:
-            lines += ["", f"At batch {b} the full forward costs {rate['full', b] / rate['dual', b]:.2f}x the dual "
-                      f"window's time per FLOP: a dual-cache row's timed speed-up over the baseline can sit that "
-                      f"far from its FLOP ideal."]
-    return "\n".join(lines)
-
-
-@block
-def speed_compiled(results: Path) -> str:
-    """Eager / compiled per forward kind, static and dynamic shapes, and the argmax check."""
-    res = _breakdowns(results)
-    rows = {s: _rows(r, f"results/speed/breakdown_{s}.json") for s, r in res.items()}
-    modes = list(rows["mid"][0]["compiled"])
-    if not modes:
-        return "Not timed: `results/speed/breakdown_*.json` was written without `--compile`."
-    body = []
-    for m, e in zip(rows["mid"], rows["embedded"]):
-        cells = [fmt(r["compiled"][mode]["speedup"]) + ("" if r["compiled"][mode]["argmax_equal"] else " (argmax differs)")
-                 for r in (m, e) for mode in modes]
-        body.append([m["kind"], m["batch"], *cells])
-    heads = [f"{s}: {mode}" for s in ("mid", "embedded") for mode in modes]
-    every = [r for rs in rows.values() for r in rs]
-    spans = {mode: [r["compiled"][mode]["speedup"]["median"] for r in every] for mode in modes}
-    best = max(modes, key=lambda mode: min(spans[mode]))
-    equal = all(r["compiled"][mode]["argmax_equal"] for r in every for mode in modes)
-    return "\n".join([
-        "Eager time / compiled time of the same forward (>1: compiling wins), from the same files.", "",
-        *markdown_table(["forward", "batch", *heads], body), "",
-        "Medians over the forward kinds, shapes and batches: " + "; ".join(
-            f"{mode} {min(v):.2f}x to {max(v):.2f}x" for mode, v in spans.items()) + ".",
-        f"Bar, compiled >= 1.0x eager on every forward kind: {'met' if min(spans[best]) >= 1.0 else 'not met'} "
-        f"by any mode (the closest, {best}, reaches {min(spans[best]):.2f}x at worst); argmax equal to eager's "
-        f"{'in every row' if equal else 'NOT in every row'}."])
-
-
-@block
-def speed_bd3lm(results: Path) -> str:
-    """BD3-LM's exact cache against its FLOP and matmul ideals, and the training step against MDLM."""
-    path = results / "speed" / "bd3lm.json"
-    d = load(path, "sampling", "training", "git_sha")
-    body = []
-    for length, s in sorted(d["sampling"].items(), key=lambda kv: int(kv[0])):
-        bound = s["matmul_ideal"]["median"] / s["flop_ideal"]
-        body.append([length, fmt(s["speedup"]), f"{s['flop_ideal']:.2f}", fmt(s["of_flop_ideal"]),
-                     fmt(s["matmul_ideal"]), f"{bound:.2f}", fmt(s["of_matmul_ideal"]), s["tokens_equal"]])
-    train = [[name, t["mode"], fmt(t["ratio"])] for name, t in d["training"].items() if isinstance(t, dict)]
-    best = min((t["ratio"]["ci"][1], name) for name, t in d["training"].items()
-               if isinstance(t, dict) and t["mode"] == "fwd+bwd")
-    return "\n".join([
-        f"From `results/speed/bd3lm.json` (git {d['git_sha'][:7]}).", "",
-        *markdown_table(["length", "exact cache speed-up", "FLOP ideal", "of FLOP ideal", "matmul ideal",
-                         "matmul ideal / FLOP ideal", "of matmul ideal", "tokens equal"], body), "",
-        *markdown_table(["training backend", "step", "BD3 / MDLM"], train), "",
-        f"Bar, training step <= 2.0x MDLM: {'met' if best[0] <= 2.0 else 'not met'} by `{best[1]}` "
-        f"(interval top {best[0]:.2f})."])
-
-
-@block
-def speed_ar(results: Path) -> str:
-    """The lean AR decoder against its matmul floor and against the general loop."""
-    path = results / "speed" / "ar_embedded_g256.json"
-    d = load(path, "rows", "git_sha")
-    body = [[r["batch"], f"{r['seconds']['lean']:.3f}", f"{r['seconds']['matmuls']:.3f}",
-             fmt(r["ratios"]["matmuls/lean"]), fmt(r["ratios"]["loop/lean"])] for r in d["rows"]]
-    b1 = next(r for r in d["rows"] if r["batch"] == 1)["ratios"]["matmuls/lean"]
-    return "\n".join([
-        f"From `results/speed/ar_embedded_g256.json` (git {d['git_sha'][:7]}).", "",
-        *markdown_table(["batch", "lean s", "matmuls alone s", "matmuls / lean", "loop / lean"], body), "",
-        f"Bar, lean AR >= 0.6 of its matmul floor at batch 1: {'met' if b1['ci'][0] >= 0.6 else 'not met'} "
-        f"({fmt(b1)})."])
 
 
 # -------------------------------------------------------------------------------------- writing
