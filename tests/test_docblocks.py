@@ -32,9 +32,9 @@ def test_every_docs_block_equals_what_results_give():
 def test_a_block_is_rewritten_between_its_markers_only(tmp_path):
     results = _ar_results(tmp_path)
     start, end = docblocks.markers("speed_ar")
-    text = f"# Title 7.5x\n\n{start}stale 99.9\n{end}\n\nprose after\n"
+    text = f"# Title 7.5x\n\n{start}\nstale 99.9\n{end}\n\nprose after\n"
     out = docblocks.filled(text, results)
-    assert out.startswith("# Title 7.5x\n\n" + start) and out.endswith(end + "\n\nprose after\n")
+    assert out.startswith("# Title 7.5x\n\n" + start + "\n") and out.endswith(end + "\n\nprose after\n")
     assert "stale" not in out and "| 1 | 0.200 | 0.050 | 0.25 [0.20, 0.30] | 1.50 [1.40, 1.60] |" in out
     assert "git 0123456" in out and "not met (0.25 [0.20, 0.30])" in out
     assert docblocks.filled(out, results) == out  # a second pass changes nothing
@@ -45,16 +45,16 @@ def test_a_block_is_rewritten_between_its_markers_only(tmp_path):
 def test_an_unknown_block_a_missing_file_or_field_is_refused(tmp_path):
     start, end = docblocks.markers("no_such_block")
     with pytest.raises(ValueError, match="doc: block 'no_such_block' is not registered"):
-        docblocks.filled(f"{start}{end}\n", tmp_path)
+        docblocks.filled(f"{start}\n{end}\n", tmp_path)
     start, end = docblocks.markers("speed_ar")
     with pytest.raises(FileNotFoundError, match=r"speed/ar_embedded_g256\.json: missing"):
-        docblocks.filled(f"{start}{end}\n", tmp_path)
+        docblocks.filled(f"{start}\n{end}\n", tmp_path)
     (tmp_path / "speed").mkdir()
     (tmp_path / "speed" / "ar_embedded_g256.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match=r"ar_embedded_g256\.json: no field 'git_sha'"):
-        docblocks.filled(f"{start}{end}\n", tmp_path)
+        docblocks.filled(f"{start}\n{end}\n", tmp_path)
     with pytest.raises(ValueError, match="needs one"):
-        docblocks.filled(f"{start}{end}\n{start}{end}\n", _ar_results(tmp_path / "c"))
+        docblocks.filled(f"{start}\n{end}\n{start}{end}\n", _ar_results(tmp_path / "c"))
 
 
 def test_a_reproduction_folder_gets_its_own_copies_and_skips_what_it_lacks(tmp_path, capsys):

@@ -27,11 +27,21 @@ RESULTS = REPO / "results"
 DOCS = REPO / "docs"
 #: name -> function of the results folder giving the block's markdown
 BLOCKS: dict[str, Callable[[Path], str]] = {**docs_speed.BLOCKS, **docs_anyorder.BLOCKS}
-START = re.compile(r"<!-- generated:([a-z_]+) \(python -m experiments\.reproduce\.docblocks\) -->\n")
+START = re.compile(r"<!-- generated:([a-z_]+) \(python -m experiments\.reproduce\.docblocks\) -->")
 
 
 def markers(name: str) -> tuple[str, str]:
-    return f"<!-- generated:{name} (python -m experiments.reproduce.docblocks) -->\n", f"<!-- /generated:{name} -->"
+    """The marker lines around block ``name``."""
+    return f"<!-- generated:{name} (python -m experiments.reproduce.docblocks) -->", f"<!-- /generated:{name} -->"
+
+
+def between(text: str, block: str, start: str, end: str, where: str) -> str:
+    """``text`` with ``block`` between its one ``start`` marker line and the ``end`` line after it
+    (``where`` names the file in the error)."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{where}: needs one '{start}' line and one '{end}' line after it")
+    head, rest = text.split(start)
+    return head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
 
 
 def filled(text: str, results: Path, where: str = "doc") -> str:
@@ -40,11 +50,7 @@ def filled(text: str, results: Path, where: str = "doc") -> str:
         if name not in BLOCKS:
             raise ValueError(f"{where}: block {name!r} is not registered in experiments.reproduce.docblocks "
                              f"(registered: {', '.join(sorted(BLOCKS))})")
-        start, end = markers(name)
-        if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-            raise ValueError(f"{where}: needs one '{start.strip()}' line and one '{end}' after it")
-        head, rest = text.split(start)
-        text = head + start + BLOCKS[name](results).rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
+        text = between(text, BLOCKS[name](results).rstrip("\n"), *markers(name), where)
     return text
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from dlm.io import round_floats
 from tasks.evaluate import mcnemar_exact
+from experiments.reproduce.docblocks import between
 from harness import noninferiority
 from harness.methods import methods_table
 from harness.cli import parser, run_main
@@ -273,11 +274,8 @@ def results_doc(results: Path = RESULTS) -> str:
 
 # -------------------------------------------------------------------------------------- writing
 def readme_with(text: str, block: str, start: str = START, end: str = END) -> str:
-    """``text`` with ``block`` between its ``start`` and ``end`` marker lines."""
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"{README}: needs one '{start}' line and one '{end}' line after it")
-    head, rest = text.split(start)
-    return head + start + "\n" + block + "\n" + end + rest.split(end, 1)[1]
+    """``text`` (the README) with ``block`` between its ``start`` and ``end`` marker lines."""
+    return between(text, block, start, end, str(README))
 
 
 def readme(text: str) -> str:
