@@ -22,11 +22,13 @@ def test_tiny_shape_times_every_kind(tmp_path):
         assert lo <= r["whole_over_matmuls"]["median"] <= hi
         assert r["narrow_s"] > 0 and r["aten_ops"] > 20
         assert r["ns_per_flop"] == pytest.approx(1e9 * r["whole_s"] / r["flops"])
+        assert r["attention_s"] > 0 and r["whole_over_gemms"]["median"] < r["whole_over_matmuls"]["median"]
         lo, hi = r["narrow_over_rest"]["ci"]
         assert lo <= r["narrow_over_rest"]["median"] <= hi
     md = (tmp_path / "breakdown_tiny.md").read_text()
     assert md.startswith("# Forward time against its matmuls: tiny shape, prompt 8, gen 64")
     assert md.count("\n| ") == 1 + 10  # header and one row per kind and batch
+    assert "| attention ms | attention / rest | whole / (matmuls + attention) |" in md
 
 
 def test_gen_length_must_fill_blocks(tmp_path):
@@ -44,8 +46,8 @@ def test_narrow_model_dispatches_the_same_ops(layout):
     assert {k: v for k, v in vars(small).items() if k not in ("d_model", "mlp_hidden")} == \
         {k: v for k, v in vars(cfg).items() if k not in ("d_model", "mlp_hidden")}
     for kind in breakdown.KINDS:
-        run = breakdown.forward_of(kind, model, 2, 8, 64)[0]
-        thin_run = breakdown.forward_of(kind, thin, 2, 8, 64)[0]
+        run = breakdown.forward_of(kind, model, 2, 8, 64).run
+        thin_run = breakdown.forward_of(kind, thin, 2, 8, 64).run
         assert breakdown.aten_ops(run) == breakdown.aten_ops(thin_run), kind
 
 
@@ -79,6 +81,7 @@ def test_a_forwards_flops_are_the_loops_count():
     want = {"full": (P + G, P + G, 32), "prefix": (G, P + G, 32), "dual": (32, P + G, 32), "exact": (16, P + 16, 16),
             "ar": (1, P + G // 2 + 1, 1)}
     for kind, (q, keys, head) in want.items():
-        _run, q_got, head_got, flops = breakdown.forward_of(kind, model, 2, P, G)
-        assert (q_got, head_got) == (q, head)
-        assert flops == forward_flops(dense, 2, 32, q, keys, 64, head), kind
+        f = breakdown.forward_of(kind, model, 2, P, G)
+        assert (f.queries, f.head, f.keys) == (q, head, keys)
+        assert f.flops == forward_flops(dense, 2, 32, q, keys, 64, head), kind
+        assert (f.mask is None) == (kind in ("full", "prefix", "dual")), kind

@@ -20,7 +20,10 @@ the first answer block, ``lo = P``), on a cache filled by one committing forward
 ``bd3lm-arith-16`` for exact, ``dream-ar`` for ar), ``mid`` random weights (d 512, 8 layers, vocab
 32000); prompts are random ids. ``whole / matmuls`` = 1 means nothing but matmuls.
 
-What the rest is made of, measured beside it: ``aten ops``, the operators one forward dispatches
+What the rest is made of, measured beside it: ``attention``, the forward's attention calls alone
+(SDPA at its query, key and mask shapes, once per layer: attention over the cache is part of the
+rest, though its core is two batched matmuls), with ``whole / (matmuls + attention)``;
+``aten ops``, the operators one forward dispatches
 (views included), and ``narrow``, the same forward kind on the same architecture at the narrowest
 width (d_model = 2 x heads, MLP 8, random weights): every op and Python call of the forward with
 almost no arithmetic per column. What is left at that width is the ops' dispatch and the work that
@@ -42,11 +45,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dlm.attention import block_causal_mask, block_ids, causal_mask
+from dlm.attention import attend, block_causal_mask, block_ids, causal_mask
 from dlm.cache import KVCache
 from dlm.io import stable_json
 from dlm.model import Transformer
@@ -71,11 +75,20 @@ MODEL_OF = {"full": "baseline", "prefix": "baseline", "dual": "dual_threshold", 
 BLOCK, BD3_BLOCK = 32, 16
 
 
-def forward_of(kind: str, model, B: int, P: int, G: int):
-    """(a call running the forward once, its query columns, its LM-head columns, its FLOPs per
-    row, :func:`dlm.stats.forward_flops`) on random ids with a cache filled over all ``P + G``
-    columns; the call takes an optional stand-in ``body`` (a compiled one,
-    :meth:`dlm.model.Transformer.forward`)."""
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """One forward kind at its shape: ``run(body=None)`` runs it once (``body``: a stand-in for
+    the model's, e.g. compiled; :meth:`dlm.model.Transformer.forward`)."""
+    run: Callable
+    queries: int
+    head: int  # LM-head columns
+    keys: int
+    mask: Optional[torch.Tensor]
+    flops: int  # per row, :func:`dlm.stats.forward_flops`
+
+
+def forward_of(kind: str, model, B: int, P: int, G: int) -> Forward:
+    """The forward of ``kind`` on random ids with a cache filled over all ``P + G`` columns."""
     cfg = model.config
     T, lo = P + G, P
     g = torch.Generator().manual_seed(0)
@@ -99,7 +112,7 @@ def forward_of(kind: str, model, B: int, P: int, G: int):
         keys = cache.key_len(start, q) if cached else q  # (the dual window reads every cached column)
         flops = forward_flops(cfg.num_params(include_embeddings=False), cfg.n_layers, cfg.d_model, q, keys,
                               cfg.vocab_size, n_head)
-        return run, q, n_head, flops
+        return Forward(run, q, n_head, keys, mask, flops)
 
     if kind == "full":
         return call(0, T, None, slice(lo, lo + BLOCK), cached=False)
@@ -117,6 +130,23 @@ def forward_of(kind: str, model, B: int, P: int, G: int):
         cache.truncate(c)
         return call(c, c + 1, causal_mask(torch.arange(c, c + 1, device=dev), c + 1), slice(0, 1))
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def attention_call(model: Transformer, f: Forward, B: int):
+    """A function running one forward's attention alone: :func:`dlm.attention.attend` (SDPA) on
+    random (B, Hq, queries, D) queries over (B, Hkv, keys, D) keys and values with the forward's
+    mask, once per layer."""
+    cfg, w = model.config, model.embed.weight
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, cfg.head_dim, generator=g).to(w.device, w.dtype)
+               for h, n in ((cfg.n_heads, f.queries), (cfg.n_kv_heads, f.keys), (cfg.n_kv_heads, f.keys)))
+
+    @torch.no_grad()
+    def run() -> None:
+        for _ in range(cfg.n_layers):
+            attend(q, k, v, f.mask)
+
+    return run
 
 
 def narrow(model: Transformer) -> Transformer:
@@ -192,9 +222,9 @@ def compiled_arm(model: Transformer, run, mode: str) -> tuple:
 
 def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
               target_s: float = 0.05, compile_modes=()) -> dict:
-    """Rows (kind, batch): whole, matmul and narrow-width seconds per forward (medians), whole /
-    matmuls, rest / whole and narrow / rest with 95% intervals, the forward's aten op count, its
-    FLOPs and whole seconds per FLOP.
+    """Rows (kind, batch): whole, matmul, attention and narrow-width seconds per forward (medians),
+    whole / matmuls, rest / whole, attention / rest, whole / (matmuls + attention) and narrow / rest
+    with 95% intervals, the forward's aten op count, its FLOPs and whole seconds per FLOP.
     Each timed call repeats the forward to last ~``target_s``."""
     import time
 
@@ -204,28 +234,33 @@ def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, 
     for kind in kinds:
         model = models[MODEL_OF[kind]]
         for B in batches:
-            run, q, head, flops = forward_of(kind, model, B, prompt, gen)
-            thin = forward_of(kind, narrows[id(model)], B, prompt, gen)[0]
-            mm = matmul_call(model, B * q, B * head)
+            f = forward_of(kind, model, B, prompt, gen)
+            run, thin = f.run, forward_of(kind, narrows[id(model)], B, prompt, gen).run
+            mm, att = matmul_call(model, B * f.queries, B * f.head), attention_call(model, f, B)
             ops = aten_ops(run)
             run()
             t0 = time.perf_counter()
             run()
             n = max(1, min(200, round(target_s / max(time.perf_counter() - t0, 1e-6))))
             load = load_average()
-            arms = {"whole": repeated(run, n), "matmuls": repeated(mm, n), "narrow": repeated(thin, n)}
+            arms = {"whole": repeated(run, n), "matmuls": repeated(mm, n), "attention": repeated(att, n),
+                    "narrow": repeated(thin, n)}
             compiled = {}
             for mode in compile_modes:
                 fn, first, same = compiled_arm(model, run, mode)
                 arms[mode] = repeated(fn, n)
                 compiled[mode] = {"first_call_s": first, "argmax_equal": same}
             times = {k: [t / n for t in v] for k, v in interleaved(arms, repeats, device).items()}
-            rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])], **times}
+            rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])],
+                    "gemms": [m + a for m, a in zip(times["matmuls"], times["attention"])], **times}
             med = {k: sorted(v)[repeats // 2] for k, v in times.items()}
-            row = {"kind": kind, "batch": B, "queries": q, "head": head, "forwards_per_call": n, "load": load,
-                   "aten_ops": ops, "flops": B * flops, "ns_per_flop": 1e9 * med["whole"] / (B * flops),
-                   "whole_s": med["whole"], "matmuls_s": med["matmuls"], "narrow_s": med["narrow"],
+            row = {"kind": kind, "batch": B, "queries": f.queries, "head": f.head, "keys": f.keys,
+                   "forwards_per_call": n, "load": load, "aten_ops": ops, "flops": B * f.flops,
+                   "ns_per_flop": 1e9 * med["whole"] / (B * f.flops), "whole_s": med["whole"],
+                   "matmuls_s": med["matmuls"], "attention_s": med["attention"], "narrow_s": med["narrow"],
                    "whole_over_matmuls": ratio(times, "whole", "matmuls"), "rest_over_whole": ratio(rest, "rest", "whole"),
+                   "attention_over_rest": ratio(rest, "attention", "rest"),
+                   "whole_over_gemms": ratio(rest, "whole", "gemms"),
                    "narrow_over_rest": ratio(rest, "narrow", "rest"), "times": times,
                    "compiled": {m: {"speedup": ratio(times, "whole", m), **c} for m, c in compiled.items()}}
             rows.append(row)
@@ -243,14 +278,16 @@ def table(res: dict) -> list[str]:
     modes = list(res["rows"][0]["compiled"]) if res["rows"] else []
     body = [[r["kind"], r["batch"], f"{r['queries']} x {r['head']}", f"{1e3 * r['whole_s']:.2f}",
              f"{1e3 * r['matmuls_s']:.2f}", f"{1e3 * (r['whole_s'] - r['matmuls_s']):.2f}",
-             fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), r["aten_ops"], f"{1e3 * r['narrow_s']:.2f}",
+             fmt(r["whole_over_matmuls"]), fmt(r["rest_over_whole"]), f"{1e3 * r['attention_s']:.2f}",
+             fmt(r["attention_over_rest"]), fmt(r["whole_over_gemms"]), r["aten_ops"], f"{1e3 * r['narrow_s']:.2f}",
              fmt(r["narrow_over_rest"]), f"{1e3 * r['ns_per_flop']:.2f}",
              *[fmt(r["compiled"][m]["speedup"]) + ("" if r["compiled"][m]["argmax_equal"] else " (argmax differs)")
                for m in modes],
              " ".join(map(str, r["load"]))]
             for r in res["rows"]]
     return markdown_table(["forward", "batch", "queries x head", "whole ms", "matmuls ms", "rest ms",
-                           "whole / matmuls", "rest / whole", "aten ops", "narrow ms", "narrow / rest", "ps / FLOP",
+                           "whole / matmuls", "rest / whole", "attention ms", "attention / rest",
+                           "whole / (matmuls + attention)", "aten ops", "narrow ms", "narrow / rest", "ps / FLOP",
                            *[f"eager / compiled {m}" for m in modes], "load avg"], body)
 
 
@@ -284,7 +321,8 @@ def main(argv=None) -> list[dict]:
             md = [f"# Forward time against its matmuls: {shape} shape, prompt {a.prompt_len}, gen {a.gen_length}", "",
                   (f"{res['device']} {res['dtype']}, {res['threads']} thread(s), {res['repeats']} interleaved rounds ({res['clock']}); "
                    f"git {res['git_sha']}. Times per forward: medians; ratios: median of the per-round ratios [95% "
-                   "bootstrap interval]; rest = whole - matmuls; narrow = the same forward at d_model = 2 x heads, "
+                   "bootstrap interval]; rest = whole - matmuls; attention = the forward's SDPA calls alone at their "
+                   "shapes and masks; narrow = the same forward at d_model = 2 x heads, "
                    "MLP 8 (its ops, almost no arithmetic); ps / FLOP = whole / the forward's FLOPs "
                    "(dlm.stats.forward_flops: what the FLOP ideals charge alike)."
                    + (" eager / compiled: the body under torch.compile with static shapes (a graph per window), "
