@@ -91,7 +91,18 @@ class KVCache:
         the cached K/V instead of the fresh ones, which are not written. A committing forward and a
         scratch one write alike (see the module docstring); the model extends ``length`` after a
         committing forward.
+
+        Under ``torch.compile`` this runs outside the graph (a graph break per layer): traced, the
+        in-place write and the views read after it are functionalized into fresh copies of the
+        cache buffer on every call, whose page faults made a compiled cached forward several times
+        slower than eager at batch 8 (``experiments.bench.breakdown --compile``).
         """
+        if torch.compiler.is_compiling():
+            return _untraced_layer_kv(self, layer, k_new, v_new, start)
+        return self._layer_kv(layer, k_new, v_new, start)
+
+    def _layer_kv(self, layer: int, k_new: Tensor, v_new: Tensor, start: int | Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`layer_kv`'s write and read."""
         if isinstance(start, Tensor):
             idx = start[:, None, :, None].expand_as(k_new)  # (B, H, W, D)
             self.k[layer].scatter_(2, idx, k_new)
@@ -121,3 +132,7 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
         self.keep = None
+
+
+#: :meth:`KVCache._layer_kv` kept out of a compiled graph (:meth:`KVCache.layer_kv`)
+_untraced_layer_kv = torch.compiler.disable(KVCache._layer_kv)

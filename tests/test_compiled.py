@@ -1,9 +1,11 @@
 """Compiled decode (dlm.compiled): the model forward under torch.compile gives the eager tokens
 for a cache-free, an approximate-cache, a gathered-window (dLLM-Cache), an exact-cache and the AR strategy, on one compiled model
-(dynamic shapes: one graph for every window kind and start). Slow: TorchInductor compiles C++."""
+(dynamic shapes: one graph for every window kind and start). Slow: TorchInductor compiles C++. The cache's write and read stay out of every traced graph."""
 
 import pytest
 import torch
+
+from dlm.cache import KVCache
 
 from dlm.compiled import compiled
 from dlm.spec import Sampler, generate
@@ -38,3 +40,29 @@ def test_compile_flag_is_checked_before_compute():
                  Sampler.of("baseline", policy="none", rule="topk", gen_length=8, block_length=8), compile="yes")
     with pytest.raises(TypeError, match="model"):
         compiled(object())
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_the_cache_buffer_never_enters_a_traced_graph(gathered):
+    model = tiny_model()
+    ids = random_prompts(2, 12, model.config)
+    graphs = []
+
+    def capture(gm, example_inputs):  # the traced graphs, run as traced (no Inductor)
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    eager_cache, traced_cache = (KVCache.for_model(model, 2, 12) for _ in range(2))
+    for cache in (eager_cache, traced_cache):
+        with torch.no_grad():
+            model(ids, cache=cache, commit=True)
+    body = torch.compile(model.body, backend=capture, dynamic=True)
+    window = torch.tensor([[3, 5], [4, 7]]) if gathered else 4
+    x = ids.gather(1, window) if gathered else ids[:, 4:6]
+    pos = window if gathered else torch.arange(4, 6).expand(2, 2)
+    with torch.no_grad():
+        want = model(x, positions=pos, cache=eager_cache, start=window)
+        got = model(x, positions=pos, cache=traced_cache, start=window, body=body)
+    assert len(graphs) > model.config.n_layers  # a graph break at each layer's cache access
+    assert not [s for g in graphs for s in g if s == tuple(traced_cache.k.shape)]
+    assert torch.equal(got, want) and torch.equal(traced_cache.k, eager_cache.k) and torch.equal(traced_cache.v, eager_cache.v)

@@ -33,11 +33,10 @@ compilation) can.
 
 ``--compile`` adds the forward compiled (``torch.compile`` of the model's body, as
 :mod:`dlm.compiled` does) with static shapes (one graph per window: what bucketed windows would
-give), with dynamic shapes (one graph for all), and with static shapes but the K/V cache's in-place
-write left out of the graph (``static_write_eager``: traced into the graph, a slice write into the
-cache's one (layers, B, H, T, D) buffer is functionalized into copies of that buffer), each timed in
-the same rounds: compiled speed-up = eager / compiled, the first call's seconds (the compile) and
-whether the compiled forward's argmax equals the eager one's at every column.
+give) and with dynamic shapes (one graph for all), each timed in the same rounds: compiled
+speed-up = eager / compiled, the first call's seconds (the compile), whether the compiled forward's
+argmax equals the eager one's at every column, and the page faults per call of both (a compiled
+forward that copies the cache buffer faults in fresh pages on every call: :meth:`KVCache.layer_kv`).
 """
 
 from __future__ import annotations
@@ -187,37 +186,44 @@ def repeated(fn, n: int):
     return run
 
 
-#: compile modes: dynamic shapes, static shapes, and static shapes with the K/V cache's write kept
-#: out of the graph (the write under ``torch.compiler.disable``, a graph break per layer)
-COMPILE_MODES = ("static", "dynamic", "static_write_eager")
+#: compile modes: static shapes (a graph per window), dynamic shapes (one graph)
+COMPILE_MODES = ("static", "dynamic")
+
+
+def page_faults(fn, calls: int = 3) -> Optional[float]:
+    """Minor page faults of this thread per call of ``fn`` (None where the OS has no per-thread
+    count): a call that faults in fresh pages allocates buffers it did not reuse."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None
+    before = resource.getrusage(who).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(who).ru_minflt - before) / calls
 
 
 def compiled_arm(model: Transformer, run, mode: str) -> tuple:
     """(``run`` through a fresh ``torch.compile`` of ``model``'s body in ``mode``
-    (:data:`COMPILE_MODES`); its first call's seconds; whether its argmax equals the eager
-    forward's at every column). ``static_write_eager`` swaps :meth:`KVCache.layer_kv` for its
-    disabled twin during its own calls only, so the other arms trace the write into their graphs."""
+    (:data:`COMPILE_MODES`); a record of its first call's seconds, whether its argmax equals the
+    eager forward's at every column, and the page faults per call of eager and compiled)."""
     import time
 
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     torch._dynamo.reset()
     comp = torch.compile(model.body, dynamic=mode == "dynamic")
-    inside = KVCache.layer_kv
-    outside = torch.compiler.disable(inside) if mode == "static_write_eager" else inside
 
     def fn():
-        KVCache.layer_kv = outside
-        try:
-            return run(body=comp)
-        finally:
-            KVCache.layer_kv = inside
+        return run(body=comp)
 
     eager = run()
     t0 = time.perf_counter()
     out = fn()
     first = time.perf_counter() - t0
-    return fn, first, bool(torch.equal(out.argmax(-1), eager.argmax(-1)))
+    return fn, {"first_call_s": first, "argmax_equal": bool(torch.equal(out.argmax(-1), eager.argmax(-1))),
+                "page_faults_per_call": {"eager": page_faults(run), "compiled": page_faults(fn)}}
 
 
 def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, dtype, kinds=KINDS,
@@ -247,9 +253,8 @@ def breakdown(shape: str, batches, prompt: int, gen: int, repeats: int, device, 
                     "narrow": repeated(thin, n)}
             compiled = {}
             for mode in compile_modes:
-                fn, first, same = compiled_arm(model, run, mode)
+                fn, compiled[mode] = compiled_arm(model, run, mode)
                 arms[mode] = repeated(fn, n)
-                compiled[mode] = {"first_call_s": first, "argmax_equal": same}
             times = {k: [t / n for t in v] for k, v in interleaved(arms, repeats, device).items()}
             rest = {"rest": [w - m for w, m in zip(times["whole"], times["matmuls"])],
                     "gemms": [m + a for m, a in zip(times["matmuls"], times["attention"])], **times}
@@ -304,8 +309,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--gen-length", type=count, default=256, metavar="G",
                    help="answer columns, a multiple of 32 (default 256)")
     p.add_argument("--repeats", type=count, default=7, metavar="N", help="interleaved rounds (default 7)")
-    p.add_argument("--compile", action="store_true", help="also time the forward compiled: static shapes, dynamic "
-                   "shapes, static with the cache write out of the graph")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the forward compiled with static and with dynamic shapes")
     p.add_argument("--out", default=None, metavar="DIR", help="write <out>/breakdown_<shape>.md and .json")
     a = p.parse_args(argv)
     if a.gen_length % BLOCK:
@@ -325,9 +330,9 @@ def main(argv=None) -> list[dict]:
                    "shapes and masks; narrow = the same forward at d_model = 2 x heads, "
                    "MLP 8 (its ops, almost no arithmetic); ps / FLOP = whole / the forward's FLOPs "
                    "(dlm.stats.forward_flops: what the FLOP ideals charge alike)."
-                   + (" eager / compiled: the body under torch.compile with static shapes (a graph per window), "
-                      "dynamic shapes (one graph), and static shapes with the cache write out of the graph, timed in "
-                      "the same rounds; argmax equal to eager's unless marked." if a.compile else "")), "", *table(res)]
+                   + (" eager / compiled: the body under torch.compile with static shapes (a graph per window) and "
+                      "with dynamic shapes (one graph), timed in the same rounds; argmax equal to eager's unless "
+                      "marked." if a.compile else "")), "", *table(res)]
             Path(a.out).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.md", "\n".join(md) + "\n")
             atomic_write_text(Path(a.out) / f"breakdown_{shape}.json", stable_json(res, indent=1))
