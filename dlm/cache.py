@@ -97,8 +97,8 @@ class KVCache:
         cache buffer on every call, whose page faults made a compiled cached forward several times
         slower than eager at batch 8 (``experiments.bench.breakdown --compile``).
         """
-        if torch.compiler.is_compiling():
-            return _untraced_layer_kv(self, layer, k_new, v_new, start)
+        if torch.compiler.is_compiling():  # (torch._dynamo is loaded then; an eager import of dlm stays without it)
+            return torch.compiler.disable(KVCache._layer_kv)(self, layer, k_new, v_new, start)
         return self._layer_kv(layer, k_new, v_new, start)
 
     def _layer_kv(self, layer: int, k_new: Tensor, v_new: Tensor, start: int | Tensor) -> tuple[Tensor, Tensor]:
@@ -132,7 +132,3 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
         self.keep = None
-
-
-#: :meth:`KVCache._layer_kv` kept out of a compiled graph (:meth:`KVCache.layer_kv`)
-_untraced_layer_kv = torch.compiler.disable(KVCache._layer_kv)
