@@ -66,3 +66,12 @@ def test_the_cache_buffer_never_enters_a_traced_graph(gathered):
     assert len(graphs) > model.config.n_layers  # a graph break at each layer's cache access
     assert not [s for g in graphs for s in g if s == tuple(traced_cache.k.shape)]
     assert torch.equal(got, want) and torch.equal(traced_cache.k, eager_cache.k) and torch.equal(traced_cache.v, eager_cache.v)
+
+
+def test_importing_the_library_does_not_load_the_compiler():
+    import subprocess
+    import sys
+
+    code = "import sys, dlm.sample, dlm.model, dlm.cache, dlm.spec; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # torch._dynamo costs ~2 s per process; only compiling loads it
