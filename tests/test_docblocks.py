@@ -96,3 +96,10 @@ def test_an_anyorder_row_without_its_fields_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match=r"table\.json: row 0 lacks \['ci'\]"):
         docs_anyorder.anyorder_table(_anyorder(tmp_path, [{"task": "t", "row": "ar", "n": 3, "accuracy": 1.0}]))
+
+
+def test_every_marker_is_recognised_or_refused(tmp_path):
+    text = "".join(f"{docblocks.markers(n)[0]}\nold\n{docblocks.markers(n)[1]}\n" for n in docblocks.BLOCKS)
+    assert docblocks.START.findall(text) == list(docblocks.BLOCKS)  # digits in names (speed_bd3lm) included
+    with pytest.raises(ValueError, match="is not of the form"):
+        docblocks.filled("<!-- generated:speed-ar (python -m experiments.reproduce.docblocks) -->\n", tmp_path)

@@ -27,7 +27,7 @@ RESULTS = REPO / "results"
 DOCS = REPO / "docs"
 #: name -> function of the results folder giving the block's markdown
 BLOCKS: dict[str, Callable[[Path], str]] = {**docs_speed.BLOCKS, **docs_anyorder.BLOCKS}
-START = re.compile(r"<!-- generated:([a-z_]+) \(python -m experiments\.reproduce\.docblocks\) -->")
+START = re.compile(r"<!-- generated:(\w+) \(python -m experiments\.reproduce\.docblocks\) -->")
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -46,7 +46,11 @@ def between(text: str, block: str, start: str, end: str, where: str) -> str:
 
 def filled(text: str, results: Path, where: str = "doc") -> str:
     """``text`` with every generated block recomputed from ``results``."""
-    for name in START.findall(text):
+    names = START.findall(text)
+    if len(names) != text.count("<!-- generated:"):
+        raise ValueError(f"{where}: a '<!-- generated:' line is not of the form "
+                         f"'{markers('NAME')[0]}'")
+    for name in names:
         if name not in BLOCKS:
             raise ValueError(f"{where}: block {name!r} is not registered in experiments.reproduce.docblocks "
                              f"(registered: {', '.join(sorted(BLOCKS))})")

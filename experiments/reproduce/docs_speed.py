@@ -123,6 +123,10 @@ def speed_bd3lm(results: Path) -> str:
         *markdown_table(["length", "exact cache speed-up", "FLOP ideal", "of FLOP ideal", "matmul ideal",
                          "matmul ideal / FLOP ideal", "of matmul ideal", "tokens equal"], body), "",
         *markdown_table(["training backend", "step", "BD3 / MDLM"], train), "",
+        "Bar, exact cache >= 0.6 of its FLOP ideal: " + "; ".join(
+            f"length {n}: {'met' if s['of_flop_ideal']['ci'][0] >= 0.6 else 'not met'} ({fmt(s['of_flop_ideal'])}; "
+            f"no loop can pass {s['matmul_ideal']['median'] / s['flop_ideal']:.2f} here)"
+            for n, s in sorted(d["sampling"].items(), key=lambda kv: int(kv[0]))) + ".",
         f"Bar, training step <= 2.0x MDLM: {'met' if best[0] <= 2.0 else 'not met'} by `{best[1]}` "
         f"(interval top {best[0]:.2f})."])
 
