@@ -289,3 +289,63 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
     assert "| reversal2 | ar | 0.001 | 4 / 4 | training |" in md and (tmp_path / "c" / "curves.png").stat().st_size
     with pytest.raises(ValueError, match="not an experiments.train.train_anyorder run"):
         report.main(["--runs", str(tmp_path / "c"), "--out", str(tmp_path / "d")])
+    # the finished runs' records, as the plan commits them, give the same report as their dirs
+    records = tmp_path / "records"
+    records.mkdir()
+    for lr in ("0.002", "0.0005"):
+        (records / f"ar-{lr}.json").write_bytes((tmp_path / f"ar-{lr}" / "record.json").read_bytes())
+    report.main(["--runs", *(str(tmp_path / f"ar-{lr}") for lr in ("0.002", "0.0005")), "--out", str(tmp_path / "e")])
+    report.main(["--records", str(records), "--out", str(tmp_path / "f")])
+    assert (tmp_path / "f" / "curves.md").read_text() == (tmp_path / "e" / "curves.md").read_text()
+    assert str(tmp_path) not in (records / "ar-0.002.json").read_text()  # no machine path in a record
+    with pytest.raises(ValueError, match="runs named twice"):
+        report.main(["--records", str(records), "--runs", str(tmp_path / "ar-0.002"), "--out", str(tmp_path / "g")])
+
+
+def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
+    """Each invocation that trains appends its steps and seconds; a finished run rerun (no step
+    trained) leaves the sums as they were."""
+    base = ["--task", "reversal2", "--objective", "ar", "--steps", "2", "--out", str(tmp_path / "r"), *SMALL]
+    train_anyorder.main(base)
+    first = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert [(i["from_step"], i["to_step"]) for i in first["invocations"]] == [(0, 2)] and first["cpu_steps"] == 2
+    train_anyorder.main(base)
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["invocations"] == first["invocations"]
+    summary = {"steps": 5, "stopped_flat": False}
+    got = curves.add_invocation(tmp_path / "r", summary, {"from_step": 3, "to_step": 5, "cpu_seconds": 1.5,
+                                                          "wall_seconds": 2.0, "git_sha": "b" * 40})
+    assert got["cpu_seconds"] == first["cpu_seconds"] + 1.5 and got["cpu_steps"] == 4  # steps 2-3 unaccounted
+    record = curves.run_record(tmp_path / "r")
+    assert record["git_sha"] == f"{first['invocations'][0]['git_sha']} {'b' * 40}" and record["steps"] == 5
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.pop("evals"), "missing evals"),
+    (lambda r: r.update(evals=[[1000, 1.5]]), "accuracy in"),
+    (lambda r: r.update(evals=[[2000, 0.1], [1000, 0.2]]), "rising steps"),
+    (lambda r: r.update(run="other"), "the file's name"),
+])
+def test_a_tampered_record_is_refused_naming_the_file(tmp_path, edit, message):
+    train_anyorder.main(["--task", "reversal2", "--objective", "ar", "--steps", "2", "--eval-every", "2",
+                         "--out", str(tmp_path / "r"), *SMALL])
+    record = json.loads((tmp_path / "r" / "record.json").read_text())
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    assert curves.read_record(path) == record  # as written, it reads
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=f"{path}: .*{message}"):
+        curves.read_record(path)
+
+
+def test_the_committed_curves_are_what_their_records_give(tmp_path):
+    """Every committed run record passes the check, and the committed curves.md / curves.json are
+    what the report renders from those records."""
+    from experiments.eval import curves as report
+    from harness.results import REPO
+
+    committed = REPO / "results" / "anyorder" / "curves"
+    assert sorted(committed.glob("runs/*.json"))  # the grid's finished runs
+    report.main(["--records", str(committed / "runs"), "--out", str(tmp_path)])
+    for name in ("curves.md", "curves.json"):
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), name

@@ -61,6 +61,9 @@ def test_placeholders_caps_groups_and_full(tmp_path):
     _, table, _ = plan("/o", "/w", full=True, path=path)
     assert table.args[1] == 300 and table.args[6] == "/o/checkpoints/m" and table.after == ("train_m",)
     assert plan("results", "/w", path=path)[2].artefacts == ()  # the headline then writes README.md instead
+    trained = _write(tmp_path, GOOD.replace('"{ck}/m"]', '"{trained}/runs/m.json"]'))
+    assert plan("/o", "/w", path=trained)[0].export == ("/w/m/model", "results/runs/m.json")
+    assert plan("/o", "/w", full=True, path=trained)[0].export == ("/w/m/model", "/o/runs/m.json")
 
 
 @pytest.mark.parametrize("old, new, message", [

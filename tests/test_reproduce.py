@@ -95,6 +95,21 @@ def test_run_jobs_skips_finished_work_and_blocks_dependants(tmp_path):
     assert reproduce.run_jobs([ok], out, 1, logs, force=True)["ok"].status == "ran"
 
 
+def test_export_copies_a_model_dir_or_one_record_file(tmp_path):
+    """A training job's export: a model dir lands whole in its checkpoint dir (replacing what was
+    there), a record file lands as that one file (parents made)."""
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "config.json").write_text("{}")
+    (tmp_path / "run" / "record.json").write_text('{"run": "run"}')
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "stale.bin").write_text("old")
+    reproduce.export(Job("train_m", "m", (), "t", export=(tmp_path / "run" / "model", tmp_path / "ck")))
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["config.json"]
+    dst = tmp_path / "results" / "runs" / "run.json"
+    reproduce.export(Job("train_r", "m", (), "t", export=(tmp_path / "run" / "record.json", dst)))
+    assert dst.read_text() == '{"run": "run"}' and sorted(p.name for p in dst.parent.iterdir()) == ["run.json"]
+
+
 def _write(path: Path, recs: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -228,7 +243,8 @@ TABLE_JOBS = ("perplexity_eval", "perplexity_report")
 #: ("report_git_sha" of table.json, "(report ...)" in table.md) and experiments/eval/gsm8k.py (config.json
 #: "git_sha"); the GSM8K jobs find every sample recorded and rebuild their tables (~15 s each)
 OTHER_TABLE_JOBS = ("testbed_report", "testbed_loop_report", "testbed_chain_report", "testbed_chain_s50_report",
-                    "bd3lm_blocks_report", "gsm8k_256", "gsm8k_512", "gsm8k_256_4shot", "gsm8k_512_4shot")
+                    "bd3lm_blocks_report", "gsm8k_256", "gsm8k_512", "gsm8k_256_4shot", "gsm8k_512_4shot",
+                    "anyorder_curves")
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -1,13 +1,16 @@
 """Learning curves of the any-order runs (issue 52): held-out accuracy and answer-token loss against
 steps, per run, with the LR grid's pick.
 
-    python -m experiments.eval.curves --runs runs/i52/countdown-* --out results/anyorder/curves
+    python -m experiments.eval.curves --runs runs/reproduce/i52/countdown-* --out /tmp/curves
+    python -m experiments.eval.curves --records results/anyorder/curves/runs --out results/anyorder/curves
 
-Each ``--runs`` dir is an ``experiments.train.train_anyorder`` out dir: its ``metrics.jsonl`` (the
+Each ``--runs`` item is an ``experiments.train.train_anyorder`` out dir (its ``metrics.jsonl``: the
 held-out ``eval/accuracy`` every ``--eval-every`` steps, ``answer_loss``: the cross-entropy on the
-answer's own tokens, EOS padding excluded), its ``model/config.json`` (the flags it ran with) and,
-once it finished, ``run.json`` (steps run, whether the flattening rule stopped it, epochs, CPU
-seconds, the commit). A run still training is reported as such.
+answer's own tokens, EOS padding excluded; its ``model/config.json``: the flags it ran with; once it
+finished, ``run.json``: steps run, whether the flattening rule stopped it, epochs, CPU seconds, the
+commits) or a run's record file (``record.json`` of a finished run, committed under
+``results/anyorder/curves/runs/`` by the plan's training jobs); ``--records DIR`` reads every
+``DIR/*.json``. A run still training is reported as such.
 
 Writes ``curves.md`` (one row per run: task, objective, LR, steps of the cap, stopped flat,
 held-out accuracy at every evaluation, best, last answer loss, CPU hours, commit; then per task and
@@ -17,34 +20,18 @@ and ``curves.png`` (held-out accuracy against steps, one panel per task).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dlm.io import stable_json
-from experiments.train.anyorder_curves import RUN_FILE, read_metrics
+from experiments.train.anyorder_curves import read_record, run_record
 from harness.cli import markdown_table, parser, run_main
 from harness.results import atomic_write_text
 
 
 def read_run(path) -> dict:
-    """One run's curve and provenance; a dir that is not a train_anyorder run is a ValueError naming it."""
-    path = Path(path)
-    cfg = path / "model" / "config.json"
-    if not (path / "metrics.jsonl").is_file() or not cfg.is_file():
-        raise ValueError(f"--runs {path}: not an experiments.train.train_anyorder run (needs metrics.jsonl and "
-                         "model/config.json)")
-    extra = json.loads(cfg.read_text())["extra"]
-    args = extra["args"]
-    metrics = read_metrics(path / "metrics.jsonl")
-    evals = [(r["step"], r["eval/accuracy"]) for r in metrics if "eval/accuracy" in r]
-    losses = [(r["step"], r["answer_loss"]) for r in metrics if "answer_loss" in r]
-    done = json.loads((path / RUN_FILE).read_text()) if (path / RUN_FILE).is_file() else None
-    return {"run": path.name, "task": args["task"], "objective": args["objective"], "lr": args["lr"],
-            "cap": args["steps"], "init": args["init"], "evals": evals, "losses": losses,
-            "steps": done["steps"] if done else (max(s for s, _ in evals + losses) if evals or losses else 0),
-            "finished": done is not None, "stopped_flat": bool(done and done["stopped_flat"]),
-            "epochs": done.get("epochs") if done else None, "cpu_hours": done["cpu_seconds"] / 3600 if done else None,
-            "git_sha": (done or extra).get("git_sha", "not recorded")}
+    """A run's record: a train_anyorder out dir (:func:`run_record`) or a committed record file
+    (:func:`read_record`, checked)."""
+    return read_record(path) if Path(path).suffix == ".json" else run_record(path)
 
 
 def picks(runs: list[dict]) -> dict:
@@ -66,20 +53,33 @@ def render(runs: list[dict], chosen: dict) -> str:
              " ".join(f"{100 * a:.0f}" for _, a in r["evals"]) or "-",
              f"{100 * max(a for _, a in r['evals']):.1f}" if r["evals"] else "-",
              f"{r['losses'][-1][1]:.3f}" if r["losses"] else "-",
-             f"{r['cpu_hours']:.2f}" if r["cpu_hours"] is not None else "-", r["git_sha"][:12], r["run"]]
+             _cpu(r), " ".join(sha[:12] for sha in r["git_sha"].split()), r["run"]]
             for r in runs]
     md = ["# Any-order learning curves", "",
           "Held-out accuracy (%, every `--eval-every` steps, on the run's held-out items) and the answer-token loss "
           "(EOS padding excluded) of each run; stop: `flat` when the flattening rule stopped it, `cap` at `--steps`. "
+          "The two objectives' losses are not on one scale: AR's is next-token cross-entropy, diffusion's the "
+          "masked answer tokens' at a mask ratio drawn per row. CPU h: the summed CPU time of the invocations "
+          "that finished (a killed one leaves none; the steps covered are named when short of all). "
           "Written by `python -m experiments.eval.curves` from the runs' files.", "",
           *markdown_table(["task", "objective", "LR", "steps", "stop", "held-out accuracy per evaluation", "best",
                            "last answer loss", "CPU h", "commit", "run"], rows)]
     if chosen:
-        md += ["", "The LR grid's pick (the best final held-out accuracy among finished runs from scratch):", "",
-               *markdown_table(["task and objective", "LR", "final held-out accuracy", "run"],
-                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}", r["run"]]
+        grid = {k: sorted(f"{r['lr']:g}" for r in runs if f"{r['task']} {r['objective']}" == k and r["finished"]
+                          and not r["init"] and r["cap"] == c["cap"]) for k, c in chosen.items()}
+        md += ["", "The LR grid's pick (the best final held-out accuracy among finished runs from scratch; ties: "
+               "the smaller LR), with the LRs it chose among:", "",
+               *markdown_table(["task and objective", "LR", "final held-out accuracy", "LRs finished", "run"],
+                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}", " ".join(grid[k]), r["run"]]
                                 for k, r in sorted(chosen.items())])]
     return "\n".join(md) + "\n"
+
+
+def _cpu(r: dict) -> str:
+    if r["cpu_hours"] is None:
+        return "-"
+    short = r["cpu_steps"] is not None and r["cpu_steps"] < r["steps"]
+    return f"{r['cpu_hours']:.2f}" + (f" ({r['cpu_steps']} of {r['steps']} steps)" if short else "")
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -89,16 +89,21 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = sorted({r["task"] for r in runs})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 7.5), squeeze=False)
     lrs = sorted({r["lr"] for r in runs})
-    for ax, task in zip(axes[0], tasks):
-        for r in (r for r in runs if r["task"] == task and r["evals"]):
-            ax.plot([s for s, _ in r["evals"]], [100 * a for _, a in r["evals"]], marker="o", ms=3,
-                    color="C0" if r["objective"] == "ar" else "C1",
-                    ls=("-", "--", ":", "-.")[lrs.index(r["lr"]) % 4], label=f"{r['objective']} lr {r['lr']:g}")
-        ax.set(title=task, xlabel="step", ylabel="held-out accuracy %", ylim=(-2, 102))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    for col, task in enumerate(tasks):
+        for r in (r for r in runs if r["task"] == task):
+            style = dict(color="C0" if r["objective"] == "ar" else "C1", ls=("-", "--", ":", "-.")[lrs.index(r["lr"]) % 4],
+                         label=f"{r['objective']} lr {r['lr']:g}" + (f" from {r['init']}" if r["init"] else ""))
+            if r["evals"]:
+                axes[0, col].plot([s for s, _ in r["evals"]], [100 * a for _, a in r["evals"]], marker="o", ms=3, **style)
+            if r["losses"]:
+                axes[1, col].plot([s for s, _ in r["losses"]], [v for _, v in r["losses"]], lw=0.8, **style)
+        axes[0, col].set(title=task, xlabel="step", ylabel="held-out accuracy %", ylim=(-2, 102))
+        axes[1, col].set(xlabel="step", ylabel="answer-token loss (nats, log scale)", yscale="log")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -106,10 +111,21 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv=None) -> dict:
     p = parser("experiments.eval.curves", __doc__, paragraphs=1)
-    p.add_argument("--runs", nargs="+", required=True, metavar="DIR", help="train_anyorder out dirs")
+    p.add_argument("--runs", nargs="+", default=[], metavar="PATH", help="train_anyorder out dirs or record files")
+    p.add_argument("--records", default=None, metavar="DIR", help="also every DIR/*.json run record")
     p.add_argument("--out", required=True, metavar="DIR", help="writes curves.md, curves.json, curves.png here")
     a = p.parse_args(argv)
-    runs = sorted((read_run(d) for d in a.runs), key=lambda r: (r["task"], r["objective"], r["lr"], r["run"]))
+    paths = list(a.runs)
+    if a.records is not None:
+        if not Path(a.records).is_dir():
+            raise ValueError(f"--records {a.records}: not a directory")
+        paths += sorted(str(f) for f in Path(a.records).glob("*.json"))
+    if not paths:
+        raise ValueError(f"no runs: give --runs, or a --records dir holding run records ({a.records})")
+    runs = sorted((read_run(d) for d in paths), key=lambda r: (r["task"], r["objective"], r["lr"], r["run"]))
+    names = [r["run"] for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"runs named twice: {sorted({n for n in names if names.count(n) > 1})}")
     chosen = picks(runs)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dlm.io import stable_json, write_dir
+from dlm.io import atomic_write_bytes, stable_json, write_dir
 from harness.cli import parser, run_main, writing_to
-from harness.results import REPO, git_sha, read_jsonl
-from harness.results import write_if_changed
+from harness.results import REPO, git_sha, read_jsonl, write_if_changed
 from experiments.reproduce.plan import Job, plan
 
 RESULTS = REPO / "results"
@@ -75,8 +74,10 @@ def is_done(job: Job, out: Path) -> bool:
 
 
 def export(job: Job) -> None:
-    """Copy a training job's model dir into ``checkpoints/`` (:func:`dlm.io.write_dir`: a temp dir, then renames)."""
+    """Copy a training job's model dir into ``checkpoints/`` (a temp dir, then renames) or its record file."""
     src, dst = (REPO / p for p in job.export)
+    if src.is_file():
+        return atomic_write_bytes(dst, src.read_bytes())
     write_dir(dst, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
@@ -143,7 +144,6 @@ def run_jobs(jobs: list[Job], out: Path, workers: int, logs: Path, force: bool =
 # ------------------------------------------------------------------------------ verify + index
 def _output(rec: dict) -> str:
     return rec.get("output", rec.get("prediction"))
-
 
 #: numeric fields compared for records without a decoded output (perplexity eval records)
 VALUES = ("ppl", "var_nelbo")

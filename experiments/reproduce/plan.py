@@ -25,7 +25,7 @@ KEYS = {"name": str, "module": str, "args": list, "what": str, "artefacts": list
         "cost": (int, float), "cost_n": int, "export": list, "training": bool, "only_outside_results": bool}
 REQUIRED = ("name", "module", "args", "what")
 CAP = re.compile(r"\{n:(\d+)\}")
-PLACEHOLDERS = re.compile(r"\{(?!out\}|work\}|ck\})[^}]*\}")
+PLACEHOLDERS = re.compile(r"\{(?!out\}|work\}|ck\}|trained\})[^}]*\}")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Job:
     always: bool = False  # the script skips finished samples itself, or only rebuilds a table
     after: tuple = ()
     cost_min: float = 0.1
-    export: Optional[tuple] = None  # (trained model dir, checkpoint dir), copied after success
+    export: Optional[tuple] = None  # (trained model dir or record file, its place), copied after success
     training: bool = False  # only with --full (a training, or an eval of models only --full trains)
 
     def command(self) -> list[str]:
@@ -87,7 +87,7 @@ def read_plan(path: Path = PLAN) -> tuple[dict[str, list], list[dict]]:
             if PLACEHOLDERS.search(text):
                 raise ValueError(f"{where}: unknown placeholder {PLACEHOLDERS.search(text).group()!r} in {text!r}")
         if "export" in job and len(job["export"]) != 2:
-            raise ValueError(f"{where}: 'export' must be [model dir, checkpoint dir], got {job['export']!r}")
+            raise ValueError(f"{where}: 'export' must be [trained dir or file, destination], got {job['export']!r}")
     return groups, jobs
 
 
@@ -98,10 +98,11 @@ def _splice(args: list, groups: dict[str, list]) -> list:
 def plan(out: str, work: str, limit: Optional[int] = None, full: bool = False, path: Path = PLAN) -> list[Job]:
     """Every job of the plan file, in its order; ``out``/``work`` are paths as the commands should show them."""
     groups, entries = read_plan(path)
-    ck = f"{out}/checkpoints" if full else "results/checkpoints"
+    trained = out if full else "results"  # what training made: retrained with --full, else the committed files
+    ck = f"{trained}/checkpoints"
 
     def fill(text: str) -> str:
-        return text.replace("{out}", out).replace("{work}", work).replace("{ck}", ck)
+        return text.replace("{out}", out).replace("{work}", work).replace("{ck}", ck).replace("{trained}", trained)
 
     def arg(a):
         if not isinstance(a, str):

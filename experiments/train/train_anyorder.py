@@ -41,7 +41,6 @@ from dlm.train import METRICS_FILE, TrainConfig, check_resume, flag_recipe, trai
 from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
                          writing_to)
 from experiments.train import anyorder_curves as curves
-from experiments.train.anyorder_curves import RUN_FILE
 from dlm.io import stable_json
 from harness.results import atomic_write_text, git_sha
 from experiments.train.train_llada import build_model
@@ -139,14 +138,17 @@ def run(args, cfg: TrainConfig) -> None:
     sha = git_sha()
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args), "git_sha": sha}
     t0, c0 = time.time(), time.process_time()
+    from_step = curves.steps_done(cfg.out_dir)
     result = train(model, objective, data, cfg, tokenizer=tok, recipe=recipe, eval_fn=evaluate, should_stop=stop,
                    save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
     epochs = {"epochs": sample.epoch(result.step, args.batch_size)} if isinstance(sample, Epochs) else {}
-    summary = {"wall_seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0, "steps": result.step,
-               "stopped_flat": result.stopped, **epochs, "params": model.config.num_params(), "git_sha": sha,
+    summary = {"steps": result.step, "stopped_flat": result.stopped, **epochs, "params": model.config.num_params(),
                "args": vars(args)}  # this invocation's (a resumed run: the last one's)
-    atomic_write_text(os.path.join(cfg.out_dir, RUN_FILE), stable_json(summary, indent=1) + "\n")
-    print(json.dumps(summary))
+    invocation = {"from_step": from_step, "to_step": result.step, "cpu_seconds": round(time.process_time() - c0, 1),
+                  "wall_seconds": round(time.time() - t0, 1), "git_sha": sha}
+    print(json.dumps(curves.add_invocation(cfg.out_dir, summary, invocation)))
+    atomic_write_text(os.path.join(cfg.out_dir, curves.RECORD_FILE),
+                      stable_json(curves.run_record(cfg.out_dir)) + "\n")
 
 
 if __name__ == "__main__":
