@@ -1,6 +1,7 @@
 """The any-order tasks: generators produce solvable puzzles their checkers accept, the checkers
 reject what a brute-force reading rejects, the shared test sets load, and the harness runs."""
 
+import json
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from dlm.checkpoints import load_model
 from tasks.pairs import Pair, PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from experiments.eval import anyorder
+from harness.results import read_jsonl
 
 
 def test_sudoku_generator_and_checker():
@@ -125,3 +127,28 @@ def test_harness_runs_and_reports(tmp_path, shared_data):
         assert f"| countdown | {row} | 4 |" in table
     with pytest.raises(ValueError, match="required"):
         anyorder.main(["--task", "sudoku"])
+
+
+def test_the_first_recipe_ar_row(tmp_path, shared_data):
+    """``--family llada`` trains an AR model in LLaDA's layout (unshifted logits); the harness decodes it
+    as ``ar`` into its own row, ``arfirst``, paired with the diffusion row."""
+    shared_data("reasoning/sudoku/d1_4x4_test_sudoku.csv")  # the harness scores the mirror's Sudoku test set
+    from experiments.train.train_anyorder import main as train
+
+    small = ["--steps", "2", "--warmup", "1", "--batch-size", "4", "--d-model", "16", "--n-layers", "1",
+             "--n-heads", "2", "--threads", "1"]
+    train(["--task", "sudoku", "--objective", "ar", "--family", "llada", "--max-tail", "0", "--out",
+           str(tmp_path / "first"), *small])
+    train(["--task", "sudoku", "--objective", "diffusion", "--out", str(tmp_path / "mdm"), *small])
+    first, _ = load_model(tmp_path / "first" / "model")
+    assert not first.config.shift_logits and not first.config.qkv_bias
+    ckpt = str(tmp_path / "first" / "model")
+    anyorder.main(["--task", "sudoku", "--ar", ckpt, "--mdm", str(tmp_path / "mdm" / "model"), "--ar-first", ckpt,
+                   "--n", "4", "--out", str(tmp_path / "res")])
+    rows = {r["row"]: r for r in json.loads((tmp_path / "res" / "table.json").read_text())}
+    assert rows["arfirst"]["vs"] == "pure" and rows["arfirst"]["n"] == 4
+    same = [(a["prediction"], a["nfe"]) for a in read_jsonl(tmp_path / "res" / "sudoku_ar.jsonl")]
+    assert [(a["prediction"], a["nfe"]) for a in read_jsonl(tmp_path / "res" / "sudoku_arfirst.jsonl")] == same
+    with pytest.raises(ValueError, match="--ar-first .*: not a checkpoint directory"):
+        anyorder.main(["--task", "sudoku", "--ar", ckpt, "--mdm", ckpt, "--ar-first", str(tmp_path / "no"),
+                       "--out", str(tmp_path / "x")])

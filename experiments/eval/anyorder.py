@@ -45,9 +45,12 @@ CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "after": reversal
 # generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail); the
 # infilling probe's row is its recitation EOS-padded to this many answer columns
 GEN = {"sudoku": 32, "countdown": 48, "after": 40, "before": 40, "infill": 40}
-ROWS = ("ar", "pure", "semiar", "arlong", "dream", "dreamsa")
-MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "arlong": ("arlong",), "adapted": ("dream", "dreamsa")}
-PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "arlong": "ar", "dream": "arlong", "dreamsa": "dream"}
+ROWS = ("ar", "pure", "semiar", "arlong", "arfirst", "dream", "dreamsa")
+MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "arlong": ("arlong",), "ar_first": ("arfirst",),
+              "adapted": ("dream", "dreamsa")}
+PAIRED = {"ar": "pure", "pure": "ar", "semiar": "pure", "arlong": "ar", "arfirst": "pure", "dream": "arlong",
+          "dreamsa": "dream"}
+AR_ROWS = ("ar", "arlong", "arfirst")
 #: forward accuracy on the trained questions a model needs before its reverse row is scored
 GATE = 0.95
 
@@ -83,7 +86,7 @@ def answers(model, tok, pairs, row: str, gen: int) -> list[tuple[str, int]]:
 def strategy(row: str, gen: int) -> Sampler:
     """AR with its KV cache, or LLaDA's low-confidence decoding (one token per step) in one block
     (``pure``, ``dream``) or blocks of 8 (``semiar``, ``dreamsa``), whatever the model's family."""
-    if row in ("ar", "arlong"):
+    if row in AR_ROWS:
         return Sampler.of(row, policy="ar", gen_length=gen, block_length=1, stop_at_eos=True)
     return Sampler.of(row, gen_length=gen, block_length=gen if row in ("pure", "dream") else 8, family="llada")
 
@@ -112,8 +115,8 @@ def run_infill_row(model, tok, pairs, version: str, row: str, log: JsonlLog, bat
 def run(args) -> None:
     set_threads(args.threads)
     out = Path(args.out)
-    models = {"ar": args.ar, "mdm": args.mdm, **({"arlong": args.arlong} if args.arlong else {}),
-              **({"adapted": args.adapted} if args.adapted else {})}
+    models = {"ar": args.ar, "mdm": args.mdm, **{k: getattr(args, k) for k in ("arlong", "ar_first", "adapted")
+                                                  if getattr(args, k)}}
     names = [args.task]
     if args.task in reversal.VERSIONS:
         names = [f"{args.task}_after", f"{args.task}_before", *([f"{args.task}_infill"] if args.infill else [])]
@@ -182,7 +185,8 @@ def report(out: Path) -> dict:
           ("`ar`: the AR model, left to right with its KV cache; `pure`: the diffusion model, one block, one token "
           "per step (most confident first); `semiar`: the same in blocks of 8; `arlong`: the AR model trained on as AR "
           "for the extra tokens of `dream` / `dreamsa`: the AR model continued as a diffusion model (Dream's recipe), "
-          "decoded as `pure` / `semiar`. Answers verified by the task's "
+          "decoded as `pure` / `semiar`; `arfirst`: an AR model of the first recipe (LLaDA's layout, one row length, "
+          "1500 steps), decoded as `ar`. Answers verified by the task's "
           f"checker; Wilson 95% CI; exact McNemar on the shared problems (b/c: only the other row / only this row "
           f"right). A reverse (`_before`) row is scored only for a model whose forward accuracy on the trained "
           f"questions (`_after`) is at least {100 * GATE:.0f}%. Samples: {sample_shas(out)}."), "",
@@ -201,6 +205,7 @@ def main(argv=None) -> None:
     p.add_argument("--mdm", metavar="DIR", help="the masked-diffusion model's checkpoint")
     p.add_argument("--adapted", metavar="DIR", help="optional: the AR model continued as diffusion (Dream's recipe)")
     p.add_argument("--arlong", metavar="DIR", help="optional: the AR model continued as AR as long")
+    p.add_argument("--ar-first", metavar="DIR", help="optional: an AR model of another recipe (row arfirst)")
     p.add_argument("--n", type=int, default=300, help="first N test problems (default 300)")
     p.add_argument("--batch-size", type=int, default=50, metavar="B", help="prompts per call (default 50)")
     p.add_argument("--out", default=str(REPO / "results" / "anyorder"), metavar="DIR",
@@ -219,9 +224,9 @@ def main(argv=None) -> None:
         raise ValueError(f"--n must be >= 1, got {a.n}")
     if a.infill and a.task not in reversal.VERSIONS:
         raise ValueError(f"--infill probes the reversal tasks only, not --task {a.task}")
-    for flag in ("ar", "mdm", "adapted", "arlong"):
+    for flag in ("ar", "mdm", "adapted", "arlong", "ar_first"):
         if getattr(a, flag) is not None and not Path(getattr(a, flag)).is_dir():
-            raise ValueError(f"--{flag} {getattr(a, flag)}: not a checkpoint directory")
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(a, flag)}: not a checkpoint directory")
     run(a)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.bench.ratios import fmt
+from experiments.eval.anyorder import ROWS
 from harness.cli import markdown_table
 from harness.results import read_json
 
-#: the table's decoders, in column order (experiments.eval.anyorder's rows)
-DECODERS = ("ar", "pure", "semiar", "arlong", "dream", "dreamsa")
+#: the table's decoders, in column order
+DECODERS = ROWS
 #: the level at which a paired difference decides an any-order claim (issue 52: p < 0.01)
 ALPHA = 0.01
 

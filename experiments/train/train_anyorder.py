@@ -74,6 +74,8 @@ def main(argv=None) -> None:
     add_shape_args(p, d_model=128, n_layers=4, n_heads=4)
     p.add_argument("--max-tail", type=int, default=16, metavar="N",
                    help="EOS tail of 0..N extra columns per batch (default 16)")
+    p.add_argument("--family", choices=["dream", "llada"], default="dream",
+                   help="the fresh model's layout: Dream's (q/k/v bias, shifted logits; default) or LLaDA's")
     p.add_argument("--init", default=None, metavar="DIR", help="start from this checkpoint (AR: Dream's recipe)")
     p.add_argument("--save-every", type=int, default=250, metavar="N", help="steps between checkpoints (default 250)")
     p.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
@@ -126,7 +128,7 @@ def run(args, cfg: TrainConfig) -> None:
         if init_tok.get_vocab() != tok.get_vocab():
             raise ValueError(f"--init {args.init}: its tokenizer is not the {args.task} task's")
     else:
-        model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed, family="dream")
+        model = build_model(tok, args.d_model, args.n_layers, args.n_heads, 256, args.seed, family=args.family)
     sample = task_sampler(args.task, args.train_size, args.train_set_seed, args.eval_n)
     data = PairBatches(tok, sample, args.batch_size, RESPONSE_LEN[args.task], args.max_tail)
     objective = ARSFTLoss() if args.objective == "ar" else LLaDASFTLoss(weighting="uniform")
