@@ -157,15 +157,20 @@ def test_flat_criterion():
     assert not curves.flat([0.1, 0.5, 0.5, 0.52], 2, 1.0)
     assert not curves.flat([0.5, 0.5], 2, 0.0)  # too few evaluations
     assert curves.flat([0.5, 0.4, 0.3], 2, 0.0)
+    assert not curves.flat([0.0, 0.0, 0.0, 0.0], 3, 2.0)  # still at the floor: not started, not flat
+    assert curves.flat([0.0, 0.03, 0.03, 0.04, 0.03], 3, 2.0)
 
 
 def _records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_curves_logged_stop_when_flat_and_resume(tmp_path, capsys):
+def test_curves_logged_stop_when_flat_and_resume(tmp_path, capsys, monkeypatch):
     base = ["--task", "reversal2", "--objective", "diffusion", "--steps", "6", "--eval-every", "2",
             "--save-every", "2", *SMALL]
+    # a tiny model scores 0, and a curve at 0 never flattens: the held-out accuracy is a fixed 50%
+    real = curves.eval_fn
+    monkeypatch.setattr(curves, "eval_fn", lambda *a: lambda model: {**real(*a)(model), "accuracy": 0.5})
     train_anyorder.main([*base, "--out", str(tmp_path / "full")])
     recs = _records(tmp_path / "full")
     evals = [r for r in recs if "eval/accuracy" in r]

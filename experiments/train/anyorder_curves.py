@@ -11,7 +11,7 @@ The held-out sets (:func:`heldout`), ``n`` items each, decoded as the evaluation
 ``accuracy`` is the curve the stopping rule reads.
 
 :func:`flat`: the run stops when the best accuracy of the last ``patience`` evaluations is at most
-``delta`` points above the best before them. It reads the curve from ``metrics.jsonl``, so a
+``delta`` points above the best before them, once the curve has left 0. It reads the curve from ``metrics.jsonl``, so a
 resumed run stops where an uninterrupted one would.
 
 Each trainer invocation appends itself to the run's ``run.json`` (:func:`add_invocation`: steps
@@ -111,8 +111,9 @@ def curve(metrics_path: str) -> list[float]:
 
 def flat(accuracies: list[float], patience: int, delta: float) -> bool:
     """Whether the best of the last ``patience`` accuracies (fractions) is at most ``delta``
-    points above the best before them (False until there are ``patience + 1``)."""
-    if patience < 1 or len(accuracies) <= patience:
+    points above the best before them (False until there are ``patience + 1``, and while every
+    accuracy is 0: a curve that has not left the floor has not flattened, it has not started)."""
+    if patience < 1 or len(accuracies) <= patience or max(accuracies) == 0:
         return False
     return 100 * (max(accuracies[-patience:]) - max(accuracies[:-patience])) <= delta
 
