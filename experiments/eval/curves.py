@@ -53,7 +53,7 @@ def render(runs: list[dict], chosen: dict) -> str:
              " ".join(f"{100 * a:.0f}" for _, a in r["evals"]) or "-",
              f"{100 * max(a for _, a in r['evals']):.1f}" if r["evals"] else "-",
              f"{r['losses'][-1][1]:.3f}" if r["losses"] else "-",
-             _cpu(r), " ".join(sha[:12] for sha in r["git_sha"].split()), r["run"]]
+             cpu_cell(r), " ".join(sha[:12] for sha in r["git_sha"].split()), r["run"]]
             for r in runs]
     md = ["# Any-order learning curves", "",
           "Held-out accuracy (%, every `--eval-every` steps, on the run's held-out items) and the answer-token loss "
@@ -75,7 +75,8 @@ def render(runs: list[dict], chosen: dict) -> str:
     return "\n".join(md) + "\n"
 
 
-def _cpu(r: dict) -> str:
+def cpu_cell(r: dict) -> str:
+    """A run's CPU hours, with the steps they cover when a killed invocation left some out."""
     if r["cpu_hours"] is None:
         return "-"
     short = r["cpu_steps"] is not None and r["cpu_steps"] < r["steps"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from experiments.bench.ratios import fmt
 from experiments.eval.anyorder import ROWS
+from experiments.eval.curves import cpu_cell
 from harness.cli import markdown_table
 from harness.results import read_json
 
@@ -95,4 +96,20 @@ def load_race(results: Path) -> str:
                                        "roofline crossover", "git"], body)])
 
 
-BLOCKS = {fn.__name__: fn for fn in (anyorder_table, anyorder_tests, load_race)}
+def anyorder_curves(results: Path) -> str:
+    """The learning-curve runs so far (``results/anyorder/curves/curves.json``): held-out accuracy at
+    each evaluation, steps and CPU time, and the LR grid's picks."""
+    path = results / "anyorder" / "curves" / "curves.json"
+    d = read_json(path, "runs", "picks")
+    body = [[r["task"], r["objective"], f"{r['lr']:g}", f"{r['steps']} / {r['cap']}",
+             " ".join(f"{100 * a:.0f}" for _, a in r["evals"]) or "-",
+             cpu_cell(r)] for r in d["runs"]]
+    picks = ", ".join(f"{k}: {v}" for k, v in sorted(d["picks"].items())) or "none yet"
+    return "\n".join([f"From `{path.relative_to(results.parent)}` (held-out accuracy % on 100 items every 1000 steps; "
+                      "the curves and the answer loss: [curves.md](../results/anyorder/curves/curves.md)).", "",
+                      *markdown_table(["task", "objective", "LR", "steps", "held-out accuracy per evaluation",
+                                       "CPU h"], body), "", "The grid's picks among its finished runs (the plan's grid: "
+                      f"5e-4, 1e-3, 2e-3 per task and objective): {picks}."])
+
+
+BLOCKS = {fn.__name__: fn for fn in (anyorder_table, anyorder_tests, load_race, anyorder_curves)}
