@@ -15,6 +15,7 @@ from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tokenizer import build_word_tokenizer
 from experiments.eval import anyorder, infill
 from experiments.train import anyorder_curves as curves
+from harness import run_records as runs
 from experiments.train import train_anyorder
 from harness.results import read_jsonl
 from tasks import countdown, reversal
@@ -152,13 +153,13 @@ def test_answer_loss_leaves_out_the_eos_padding():
 
 
 def test_flat_criterion():
-    assert not curves.flat([0.1, 0.5, 0.9], 2, 1.0)
-    assert curves.flat([0.1, 0.5, 0.5, 0.505], 2, 1.0)  # 0.5 points in the last two evaluations
-    assert not curves.flat([0.1, 0.5, 0.5, 0.52], 2, 1.0)
-    assert not curves.flat([0.5, 0.5], 2, 0.0)  # too few evaluations
-    assert curves.flat([0.5, 0.4, 0.3], 2, 0.0)
-    assert not curves.flat([0.0, 0.0, 0.0, 0.0], 3, 2.0)  # still at the floor: not started, not flat
-    assert curves.flat([0.0, 0.03, 0.03, 0.04, 0.03], 3, 2.0)
+    assert not runs.flat([0.1, 0.5, 0.9], 2, 1.0)
+    assert runs.flat([0.1, 0.5, 0.5, 0.505], 2, 1.0)  # 0.5 points in the last two evaluations
+    assert not runs.flat([0.1, 0.5, 0.5, 0.52], 2, 1.0)
+    assert not runs.flat([0.5, 0.5], 2, 0.0)  # too few evaluations
+    assert runs.flat([0.5, 0.4, 0.3], 2, 0.0)
+    assert not runs.flat([0.0, 0.0, 0.0, 0.0], 3, 2.0)  # still at the floor: not started, not flat
+    assert runs.flat([0.0, 0.03, 0.03, 0.04, 0.03], 3, 2.0)
 
 
 def _records(out):
@@ -317,10 +318,10 @@ def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
     train_anyorder.main(base)
     assert json.loads((tmp_path / "r" / "run.json").read_text())["invocations"] == first["invocations"]
     summary = {"steps": 5, "stopped_flat": False}
-    got = curves.add_invocation(tmp_path / "r", summary, {"from_step": 3, "to_step": 5, "cpu_seconds": 1.5,
+    got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 3, "to_step": 5, "cpu_seconds": 1.5,
                                                           "wall_seconds": 2.0, "git_sha": "b" * 40})
     assert got["cpu_seconds"] == first["cpu_seconds"] + 1.5 and got["cpu_steps"] == 4  # steps 2-3 unaccounted
-    record = curves.run_record(tmp_path / "r")
+    record = runs.run_record(tmp_path / "r")
     assert record["git_sha"] == f"{first['invocations'][0]['git_sha']} {'b' * 40}" and record["steps"] == 5
 
 
@@ -336,11 +337,11 @@ def test_a_tampered_record_is_refused_naming_the_file(tmp_path, edit, message):
     record = json.loads((tmp_path / "r" / "record.json").read_text())
     path = tmp_path / "r.json"
     path.write_text(json.dumps(record))
-    assert curves.read_record(path) == record  # as written, it reads
+    assert runs.read_record(path) == record  # as written, it reads
     edit(record)
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=f"{path}: .*{message}"):
-        curves.read_record(path)
+        runs.read_record(path)
 
 
 def test_the_committed_curves_are_what_their_records_give(tmp_path):

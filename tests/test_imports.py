@@ -163,3 +163,15 @@ def test_the_registry_finds_the_method_packages_without_an_install(monkeypatch):
         assert registry._method_modules() == installed and ("llada", "dlm.llada") in installed
     finally:
         registry._method_modules.cache_clear()
+
+
+def test_the_house_keeps_its_shape():
+    """Issue 49's bars: no Python file over 400 lines, and the entry points (``experiments/``) at most
+    35% of the non-test lines: logic lives in the library packages."""
+    files = [p for p in REPO.rglob("*.py") if p.relative_to(REPO).parts[0] in (*LIBRARY, *ABOVE_CORE, "methods",
+                                                                                "dream", "tests")]
+    lines = {p.relative_to(REPO): len(p.read_text().splitlines()) for p in files}
+    assert not {str(p): n for p, n in lines.items() if n > 400}
+    code = {p: n for p, n in lines.items() if p.parts[0] != "tests"}
+    share = sum(n for p, n in code.items() if p.parts[0] == "experiments") / sum(code.values())
+    assert share <= 0.35, f"experiments/ holds {100 * share:.1f}% of the non-test lines"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlm.io import stable_json
-from experiments.train.anyorder_curves import read_record, run_record
+from harness.run_records import read_record, run_record
 from harness.cli import markdown_table, parser, run_main
 from harness.results import atomic_write_text
 

@@ -41,6 +41,7 @@ from dlm.train import METRICS_FILE, TrainConfig, check_resume, flag_recipe, trai
 from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
                          writing_to)
 from experiments.train import anyorder_curves as curves
+from harness import run_records as runs
 from dlm.io import stable_json
 from harness.results import atomic_write_text, git_sha
 from experiments.train.train_llada import build_model
@@ -135,12 +136,12 @@ def run(args, cfg: TrainConfig) -> None:
     evaluate = curves.eval_fn(tok, args.task, args.objective, curves.heldout(args.task, args.eval_n)) \
         if args.eval_every else None
     metrics = os.path.join(cfg.out_dir, METRICS_FILE)
-    stop = (lambda: curves.flat(curves.curve(metrics), args.stop_patience, args.stop_delta)) \
+    stop = (lambda: runs.flat(runs.curve(metrics), args.stop_patience, args.stop_delta)) \
         if args.stop_patience else None
     sha = git_sha()
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args), "git_sha": sha}
     t0, c0 = time.time(), time.process_time()
-    from_step = curves.steps_done(cfg.out_dir)
+    from_step = runs.steps_done(cfg.out_dir)
     result = train(model, objective, data, cfg, tokenizer=tok, recipe=recipe, eval_fn=evaluate, should_stop=stop,
                    save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
     epochs = {"epochs": sample.epoch(result.step, args.batch_size)} if isinstance(sample, Epochs) else {}
@@ -148,9 +149,9 @@ def run(args, cfg: TrainConfig) -> None:
                "args": vars(args)}  # this invocation's (a resumed run: the last one's)
     invocation = {"from_step": from_step, "to_step": result.step, "cpu_seconds": round(time.process_time() - c0, 1),
                   "wall_seconds": round(time.time() - t0, 1), "git_sha": sha}
-    print(json.dumps(curves.add_invocation(cfg.out_dir, summary, invocation)))
-    atomic_write_text(os.path.join(cfg.out_dir, curves.RECORD_FILE),
-                      stable_json(curves.run_record(cfg.out_dir)) + "\n")
+    print(json.dumps(runs.add_invocation(cfg.out_dir, summary, invocation)))
+    atomic_write_text(os.path.join(cfg.out_dir, runs.RECORD_FILE),
+                      stable_json(runs.run_record(cfg.out_dir)) + "\n")
 
 
 if __name__ == "__main__":

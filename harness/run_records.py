@@ -1,0 +1,132 @@
+"""Training-run records: the held-out curve a trainer logs, the rule that stops a run when the
+curve flattens, and the run's summary and committed record (used by
+:mod:`experiments.train.train_anyorder` and :mod:`experiments.eval.curves`).
+
+:func:`flat`: the run stops when the best accuracy of the last ``patience`` evaluations is at most
+``delta`` points above the best before them, once the curve has left 0. It reads the curve from
+``metrics.jsonl`` (:func:`curve`), so a resumed run stops where an uninterrupted one would.
+
+Each trainer invocation appends itself to the run's ``run.json`` (:func:`add_invocation`: steps
+from/to, CPU and wall seconds, commit), so a resumed run keeps the cost of its earlier parts; an
+invocation killed before its end leaves no entry, and ``cpu_steps`` says how many steps the summed
+CPU seconds cover. :func:`run_record` is a run's committed record: its curves, flags and cost,
+without the model (``record.json`` beside ``run.json``), read back checked by :func:`read_record`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from dlm.io import stable_json
+from dlm.train import METRICS_FILE, STATE_FILE
+from harness.results import atomic_write_text
+
+
+#: a finished run's summary in its out dir (steps, stopped_flat, epochs, params, args, invocations)
+RUN_FILE = "run.json"
+#: its record (:func:`run_record`), the file a plan job exports into results/
+RECORD_FILE = "record.json"
+RECORD_KEYS = ("run", "task", "objective", "lr", "cap", "init", "evals", "losses", "steps", "finished",
+               "stopped_flat", "epochs", "cpu_hours", "cpu_steps", "git_sha", "flags")
+
+
+def read_metrics(path) -> list[dict]:
+    """The trainer's ``metrics.jsonl``, checked: every line a JSON object with an int ``step``, and an
+    ``eval/accuracy`` in [0, 1] where there is one (else a ValueError naming the file and line)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            ok = isinstance(r, dict) and isinstance(r.get("step"), int) and 0 <= r.get("eval/accuracy", 0) <= 1
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}: line {n} is not a trainer metrics record (step, eval/accuracy in [0, 1])")
+        out.append(r)
+    return out
+
+
+def curve(metrics_path: str) -> list[float]:
+    """The ``eval/accuracy`` values logged in a run's ``metrics.jsonl``, in order."""
+    if not os.path.exists(metrics_path):
+        return []
+    return [r["eval/accuracy"] for r in read_metrics(metrics_path) if "eval/accuracy" in r]
+
+
+def flat(accuracies: list[float], patience: int, delta: float) -> bool:
+    """Whether the best of the last ``patience`` accuracies (fractions) is at most ``delta``
+    points above the best before them (False until there are ``patience + 1``, and while every
+    accuracy is 0: a curve that has not left the floor has not flattened, it has not started)."""
+    if patience < 1 or len(accuracies) <= patience or max(accuracies) == 0:
+        return False
+    return 100 * (max(accuracies[-patience:]) - max(accuracies[:-patience])) <= delta
+
+
+def steps_done(out_dir) -> int:
+    """The optimizer steps a run dir's ``trainer_state.pt`` holds (0 for a fresh dir)."""
+    path = Path(out_dir) / STATE_FILE
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]) if path.is_file() else 0
+
+
+def add_invocation(out_dir, summary: dict, invocation: dict) -> dict:
+    """Write ``run.json``: ``summary`` (the run as it stands) with ``invocation`` (``from_step``,
+    ``to_step``, ``cpu_seconds``, ``wall_seconds``, ``git_sha``) appended to the earlier ones; an
+    invocation that trained no step (a finished run rerun) adds nothing. Returns what it wrote."""
+    path = Path(out_dir) / RUN_FILE
+    done = json.loads(path.read_text())["invocations"] if path.is_file() else []
+    if invocation["to_step"] > invocation["from_step"]:
+        done = [*done, invocation]
+    out = {**summary, "invocations": done, "cpu_seconds": sum(i["cpu_seconds"] for i in done),
+           "cpu_steps": sum(i["to_step"] - i["from_step"] for i in done)}
+    atomic_write_text(path, stable_json(out, indent=1) + "\n")
+    return out
+
+
+def run_record(out_dir) -> dict:
+    """A train_anyorder run's record: its held-out curve ``evals`` [(step, accuracy)], answer-loss
+    curve ``losses`` [(step, nats)] (4 decimals), flags (``out`` left out: the record is named by
+    ``run``) and, once it finished, its steps, stop and cost. A dir that is not a run is a ValueError."""
+    path = Path(out_dir)
+    cfg = path / "model" / "config.json"
+    if not (path / METRICS_FILE).is_file() or not cfg.is_file():
+        raise ValueError(f"--runs {path}: not an experiments.train.train_anyorder run (needs {METRICS_FILE} and "
+                         "model/config.json)")
+    extra = json.loads(cfg.read_text())["extra"]
+    flags = {k: v for k, v in extra["args"].items() if k != "out"}
+    metrics = read_metrics(path / METRICS_FILE)
+    evals = [[r["step"], r["eval/accuracy"]] for r in metrics if "eval/accuracy" in r]
+    losses = [[r["step"], round(r["answer_loss"], 4)] for r in metrics if "answer_loss" in r]
+    done = json.loads((path / RUN_FILE).read_text()) if (path / RUN_FILE).is_file() else None
+    last = max((s for s, _ in evals + losses), default=0)
+    return {"run": path.name, "task": flags["task"], "objective": flags["objective"], "lr": flags["lr"],
+            "cap": flags["steps"], "init": flags["init"] and Path(flags["init"]).name, "evals": evals,
+            "losses": losses, "steps": done["steps"] if done else last, "finished": done is not None,
+            "stopped_flat": bool(done and done["stopped_flat"]), "epochs": done.get("epochs") if done else None,
+            "cpu_hours": round(done["cpu_seconds"] / 3600, 3) if done else None,
+            "cpu_steps": done["cpu_steps"] if done else None,
+            "git_sha": " ".join(dict.fromkeys(i["git_sha"] for i in done["invocations"])) if done else
+            extra.get("git_sha", "not recorded"), "flags": {**flags, "init": flags["init"] and Path(flags["init"]).name}}
+
+
+def read_record(path) -> dict:
+    """A committed run record (:func:`run_record`'s JSON), checked: its keys, an ``evals`` of
+    [step, accuracy in [0, 1]] pairs with rising steps, and a ``run`` equal to the file's name."""
+    path = Path(path)
+    try:
+        r = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    missing = [k for k in RECORD_KEYS if not isinstance(r, dict) or k not in r]
+    if missing:
+        raise ValueError(f"{path}: not an any-order run record (missing {', '.join(missing)})")
+    steps = [s for s, _ in r["evals"]]
+    if any(not 0 <= a <= 1 for _, a in r["evals"]) or steps != sorted(set(steps)) or r["run"] != path.stem:
+        raise ValueError(f"{path}: 'evals' must be [step, accuracy in [0, 1]] with rising steps, and 'run' the "
+                         f"file's name ({path.stem})")
+    return r
