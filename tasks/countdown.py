@@ -106,28 +106,44 @@ def load(path) -> list[Pair]:
     return [Pair(f"{path.stem}-{i}", f"Countdown: {d['input']}", d["output"], (d["input"],)) for i, d in enumerate(rows)]
 
 
-def check(pair: Pair, output: str) -> bool:
-    """Evaluate the chain of equations in ``output`` against the puzzle."""
+#: what can be wrong with an answer (:func:`faults`), in the order they are listed
+FAULTS = ("malformed", "false equation", "number not available", "target missed")
+
+
+def faults(pair: Pair, output: str) -> tuple[str, ...]:
+    """Everything wrong with the chain of equations ``output``, each of :data:`FAULTS` at most once
+    (empty: right). ``malformed``: no equations, or one not ``a op b = c``; ``false equation``:
+    ``a op b != c``; ``number not available``: an operand neither given nor an earlier unused result
+    (a copy failure); ``target missed``: the last result is not the target, or a given number is
+    unused. Every equation is checked, its stated result made available whether true or not."""
     *given, target = [int(x) for x in pair.meta[0].split(",")]
-    pool = list(given)
+    pool, found, result = list(given), set(), None
     eqs = [e for e in output.replace(" ", "").strip().split(",") if e]
-    if not eqs:
-        return False
-    result = None
     for e in eqs:
         m = EQ.match(e)
         if not m:
-            return False
+            found.add("malformed")
+            continue
         a, op, b, r = int(m[1]), m[2], int(m[3]), int(m[4])
         if _apply(a, op, b) != r:
-            return False
+            found.add("false equation")
         for v in (a, b):
-            if v not in pool:
-                return False
-            pool.remove(v)
+            if v in pool:
+                pool.remove(v)
+            else:
+                found.add("number not available")
         pool.append(r)
         result = r
-    return result == target and len(pool) == 1  # every given number used, the last result left
+    if not eqs:
+        found.add("malformed")
+    if result != target or len(pool) != 1:  # every given number used, the last result the target
+        found.add("target missed")
+    return tuple(f for f in FAULTS if f in found)
+
+
+def check(pair: Pair, output: str) -> bool:
+    """Evaluate the chain of equations in ``output`` against the puzzle: nothing wrong (:func:`faults`)."""
+    return not faults(pair, output)
 
 
 def vocabulary() -> list[str]:

@@ -12,6 +12,7 @@ from dlm.checkpoints import load_model
 from tasks.pairs import Pair, PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from experiments.eval import anyorder
+from tasks import anyorder as anyorder_tasks
 from harness.results import read_jsonl
 
 
@@ -56,6 +57,36 @@ def test_countdown_generator_and_checker():
     assert not countdown.check(p, "79-29=50")  # 29 not available
     assert not countdown.check(p, "44+15=59,59+79=138,138-88=50")  # 88 not available
     assert not countdown.check(p, "")
+    found = {"44-15=29,79-29=50": (), "44-15=29,79-29=51": ("false equation", "target missed"),
+             "": ("malformed", "target missed"), "44-15=29,79-15=64": ("number not available", "target missed"),
+             "44+15=59": ("target missed",), "44-15=29,x": ("malformed", "target missed"),
+             "25-17=1,10-1=60": ("false equation", "number not available", "target missed"),
+             "79-29=50": ("number not available", "target missed")}  # 15 and 44 unused
+    assert {out: countdown.faults(p, out) for out in found} == found
+    rng = random.Random(0)  # check agrees with a first-fault reference on answers of every kind
+    outs = [q.answer for q in pairs[:50]] + [q.answer.replace(rng.choice("0123456789"), rng.choice("0123456789"))
+                                             for q in pairs[:150]]
+    outs += ["".join(rng.choice("0123456789+-*/=,") for _ in range(12)) for _ in range(150)]
+    for q, out in zip(pairs * 2, outs):
+        assert countdown.check(q, out) == _first_fault_check(q, out), (q, out)
+
+
+def _first_fault_check(pair, output) -> bool:
+    """The checker as first written: stop at the first fault."""
+    *given, target = [int(x) for x in pair.meta[0].split(",")]
+    pool, result = list(given), None
+    eqs = [e for e in output.replace(" ", "").strip().split(",") if e]
+    for e in eqs:
+        m = countdown.EQ.match(e)
+        if not m or countdown._apply(int(m[1]), m[2], int(m[3])) != int(m[4]):
+            return False
+        for v in (int(m[1]), int(m[3])):
+            if v not in pool:
+                return False
+            pool.remove(v)
+        pool.append(int(m[4]))
+        result = int(m[4])
+    return bool(eqs) and result == target and len(pool) == 1
 
 
 def test_reversal_corpus_split_and_checker():
@@ -80,8 +111,8 @@ def test_reversal_corpus_split_and_checker():
 
 def test_shared_test_sets_load_and_solve(shared_data):
     shared_data("reasoning/sudoku/d1_4x4_test_sudoku.csv"), shared_data("reasoning/countdown/cd3_test.jsonl")
-    s = anyorder.test_set("sudoku", 50)
-    c = anyorder.test_set("countdown", 50)
+    s = anyorder_tasks.test_set("sudoku", 50)
+    c = anyorder_tasks.test_set("countdown", 50)
     assert len(s) == len(c) == 50
     assert all(sudoku.check(p, p.answer) for p in s) and all(countdown.check(p, p.answer) for p in c)
 

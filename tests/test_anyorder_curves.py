@@ -14,7 +14,7 @@ from dlm.attention import causal_mask
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tokenizer import build_word_tokenizer
 from experiments.eval import anyorder, infill
-from experiments.train import anyorder_curves as curves
+from tasks import anyorder as anyorder_tasks
 from harness import run_records as runs
 from experiments.train import train_anyorder
 from harness.results import read_jsonl
@@ -111,8 +111,8 @@ def test_countdown_fixed_set_held_out_and_disjoint():
 
 def test_countdown_fixed_set_disjoint_from_shared_test(shared_data):
     shared_data("reasoning/countdown/cd3_test.jsonl")
-    test = anyorder.test_set("countdown", 10**9)
-    train, valid = curves.countdown_sets(20000, 0, 100)
+    test = anyorder_tasks.test_set("countdown", 10**9)
+    train, valid = anyorder_tasks.countdown_sets(20000, 0, 100)
     assert len(test) == 1000 and len(train) == 20000
     assert not {countdown.problem_key(p) for p in train} & {countdown.problem_key(p) for p in test + valid}
 
@@ -170,8 +170,8 @@ def test_curves_logged_stop_when_flat_and_resume(tmp_path, capsys, monkeypatch):
     base = ["--task", "reversal2", "--objective", "diffusion", "--steps", "6", "--eval-every", "2",
             "--save-every", "2", *SMALL]
     # a tiny model scores 0, and a curve at 0 never flattens: the held-out accuracy is a fixed 50%
-    real = curves.eval_fn
-    monkeypatch.setattr(curves, "eval_fn", lambda *a: lambda model: {**real(*a)(model), "accuracy": 0.5})
+    real = train_anyorder.eval_fn
+    monkeypatch.setattr(train_anyorder, "eval_fn", lambda *a: lambda model: {**real(*a)(model), "accuracy": 0.5})
     train_anyorder.main([*base, "--out", str(tmp_path / "full")])
     recs = _records(tmp_path / "full")
     evals = [r for r in recs if "eval/accuracy" in r]

@@ -128,6 +128,7 @@ def test_the_harness_is_a_library_below_the_entry_points():
     """harness (results I/O, the evaluation loop, reports, the entry points' plumbing) is imported by
     experiments and research, and imports neither."""
     assert upward_imports("harness", ("experiments", "research")) == []
+    assert upward_imports("research", ("experiments",)) == []  # a probe builds on the library, not the entry points
     graph = import_graph(("harness", "experiments"))
     assert "harness.results" in graph["harness.evaluate"] and "harness.cli" in graph["experiments.eval.gsm8k"]
 

@@ -32,8 +32,8 @@ import torch
 from dlm.io import stable_json
 from dlm.checkpoints import load_model, weights_fingerprint
 from dlm.sample import stop_ids
-from dlm.io import data_root
 from tasks import countdown, reversal, sudoku
+from tasks.anyorder import kind, test_set
 from experiments.eval import infill
 from tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
 from harness.cli import check_out, markdown_table, parser, run_main, set_threads
@@ -42,7 +42,7 @@ from dlm.spec import Sampler, generate
 
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "after": reversal.check,
          "before": reversal.check, "infill": reversal.check}
-# generation lengths inside the trained row lengths (train_anyorder.RESPONSE_LEN + 0..16 tail); the
+# generation lengths inside the trained row lengths (tasks.anyorder.RESPONSE_LEN + 0..16 tail); the
 # infilling probe's row is its recitation EOS-padded to this many answer columns
 GEN = {"sudoku": 32, "countdown": 48, "after": 40, "before": 40, "infill": 40}
 ROWS = ("ar", "pure", "semiar", "arlong", "arfirst", "dream", "dreamsa")
@@ -55,25 +55,6 @@ AR_ROWS = ("ar", "arlong", "arfirst")
 GATE = 0.95
 
 
-def kind(name: str) -> str:
-    """``sudoku``, ``countdown`` or a reversal question kind (``after``, ``before``, ``infill``)."""
-    return name.split("_")[1] if name.startswith("reversal") else name
-
-
-def test_set(name: str, n: int) -> list:
-    """The first ``n`` pairs of a task's test set."""
-    if name == "sudoku":
-        pairs = sudoku.load(data_root() / "reasoning" / "sudoku" / "d1_4x4_test_sudoku.csv")
-    elif name == "countdown":
-        pairs = countdown.load(data_root() / "reasoning" / "countdown" / "cd3_test.jsonl")
-    elif kind(name) == "infill":
-        pairs = reversal.infill_pairs(reversal.corpus())
-    else:
-        pairs = reversal.test_pairs(reversal.corpus(), kind(name))
-    return pairs[:n]
-
-
-@torch.no_grad()
 def answers(model, tok, pairs, row: str, gen: int) -> list[tuple[str, int]]:
     """Decode ``pairs`` (one batch) as ``row``: per pair the answer text and its forwards."""
     ids, mask = left_pad([tok.encode(p.prompt, add_special_tokens=False) for p in pairs], tok.pad_token_id)
@@ -89,6 +70,32 @@ def strategy(row: str, gen: int) -> Sampler:
     if row in AR_ROWS:
         return Sampler.of(row, policy="ar", gen_length=gen, block_length=1, stop_at_eos=True)
     return Sampler.of(row, gen_length=gen, block_length=gen if row in ("pure", "dream") else 8, family="llada")
+
+
+def eval_fn(tok, task: str, objective: str, sets: dict[str, list], batch_size: int = 50):
+    """``eval_fn(model) -> {metric: accuracy}`` for :func:`dlm.train.train`: the held-out sets
+    ``sets`` (:func:`tasks.anyorder.heldout`) decoded as the table decodes them (``ar`` for the AR
+    objective, ``pure`` for diffusion), scored by the task's checker."""
+    row = "ar" if objective == "ar" else "pure"
+    poems = reversal.corpus()
+
+    def evaluate(model) -> dict:
+        out = {}
+        for metric, pairs in sets.items():
+            k = {"accuracy": "after"}.get(metric, metric) if task in reversal.VERSIONS else task
+            right = 0
+            for i in range(0, len(pairs), batch_size):
+                chunk = pairs[i:i + batch_size]
+                if k == "infill":
+                    filled = infill.fill(model, tok, chunk, poems, reversal.VERSIONS[task], row == "ar", GEN[k])
+                    texts = [f["prediction"] for f in filled]
+                else:
+                    texts = [t for t, _ in answers(model, tok, chunk, row, GEN[k])]
+                right += sum(bool(CHECK[k](p, t)) for p, t in zip(chunk, texts))
+            out[metric] = right / len(pairs)
+        return out
+
+    return evaluate
 
 
 @torch.no_grad()

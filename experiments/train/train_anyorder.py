@@ -14,7 +14,7 @@ one) in Dream's layout (q/k/v bias, logit ``i`` from hidden state ``i - 1``) for
 so ``--init <ar run>/model --objective diffusion`` is Dream's recipe: the AR weights continue as a
 masked diffusion model, every logit keeping its meaning. Resumable as :mod:`experiments.train.train_llada`.
 
-Curves (:mod:`experiments.train.anyorder_curves`): every step logs ``answer_loss``, the loss on the
+Curves (:func:`tasks.anyorder.heldout`, :mod:`harness.run_records`): every step logs ``answer_loss``, the loss on the
 answer's own tokens with the EOS padding left out; ``--eval-every N`` logs held-out accuracy on
 ``--eval-n`` items to ``metrics.jsonl``; ``--stop-patience K --stop-delta X`` ends the run when the
 curve flattens, ``--steps`` being the cap (and the cosine schedule's length). ``--train-size N``
@@ -34,20 +34,19 @@ import torch
 
 from dlm.checkpoints import load_model, save_model
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
-from tasks import countdown, reversal, sudoku
+from tasks import reversal
 from tasks.pairs import Epochs, PairBatches
 from dlm.tokenizer import build_word_tokenizer
 from dlm.train import METRICS_FILE, TrainConfig, check_resume, flag_recipe, train
 from harness.cli import (add_shape_args, add_train_args, parser, reading, run_main, set_threads, train_config,
                          writing_to)
-from experiments.train import anyorder_curves as curves
+from experiments.eval.anyorder import eval_fn
+from tasks.anyorder import RESPONSE_LEN, TASKS, countdown_sets, heldout
 from harness import run_records as runs
 from dlm.io import stable_json
 from harness.results import atomic_write_text, git_sha
 from experiments.train.train_llada import build_model
 
-TASKS = {"sudoku": sudoku, "countdown": countdown, "reversal": reversal, "reversal2": reversal}
-RESPONSE_LEN = {"sudoku": 24, "countdown": 40, "reversal": 32, "reversal2": 32}
 RESUMABLE_FLAGS = ("out", "save_every", "eval_every", "stop_patience", "stop_delta")
 
 
@@ -58,7 +57,7 @@ def task_sampler(task: str, train_size: int = 0, set_seed: int = 0, valid_size: 
     if task in reversal.VERSIONS:
         return reversal.sampler(reversal.corpus(), reversal.VERSIONS[task])
     if train_size:
-        return Epochs(tuple(curves.countdown_sets(train_size, set_seed, valid_size)[0]), set_seed)
+        return Epochs(tuple(countdown_sets(train_size, set_seed, valid_size)[0]), set_seed)
     return functools.partial(TASKS[task].generate, split="train")
 
 
@@ -133,7 +132,7 @@ def run(args, cfg: TrainConfig) -> None:
     sample = task_sampler(args.task, args.train_size, args.train_set_seed, args.eval_n)
     data = PairBatches(tok, sample, args.batch_size, RESPONSE_LEN[args.task], args.max_tail)
     objective = ARSFTLoss() if args.objective == "ar" else LLaDASFTLoss(weighting="uniform")
-    evaluate = curves.eval_fn(tok, args.task, args.objective, curves.heldout(args.task, args.eval_n)) \
+    evaluate = eval_fn(tok, args.task, args.objective, heldout(args.task, args.eval_n)) \
         if args.eval_every else None
     metrics = os.path.join(cfg.out_dir, METRICS_FILE)
     stop = (lambda: runs.flat(runs.curve(metrics), args.stop_patience, args.stop_delta)) \
