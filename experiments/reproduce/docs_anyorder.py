@@ -112,4 +112,20 @@ def anyorder_curves(results: Path) -> str:
                       f"5e-4, 1e-3, 2e-3 per task and objective): {picks}."])
 
 
-BLOCKS = {fn.__name__: fn for fn in (anyorder_table, anyorder_tests, load_race, anyorder_curves)}
+def countdown_faults(results: Path) -> str:
+    """What is wrong with each Countdown row's answers (``countdown_failures.json``) and what the
+    models learned of the answer tokens (``probe_countdown.json``)."""
+    faults = read_json(results / "anyorder" / "countdown_failures.json")
+    probe = read_json(results / "anyorder" / "probe_countdown.json", "results", "n")
+    kinds = [k for k in next(iter(faults.values())) if k != "n"]
+    body = [[row, c["n"], *(f"{100 * c[k] / max(c['n'], 1):.0f}" for k in kinds)] for row, c in faults.items()]
+    tf = [[r["model"], "teacher-forced" if r["ratio"] is None else f"{r['ratio']:g}", f"{r['ce']:.2f}",
+           f"{100 * r['accuracy']:.1f}"] for r in probe["results"]]
+    return "\n".join(["From `results/anyorder/countdown_failures.json` (% of each row's answers with the fault; an "
+                      "answer can have several):", "", *markdown_table(["row", "n", *kinds], body), "",
+                      f"From `results/anyorder/probe_countdown.json` ({probe['n']} held-out puzzles; the answer "
+                      "tokens scored against the reference, teacher-forced; diffusion: the masked ones at each mask "
+                      "ratio):", "", *markdown_table(["model", "mask ratio", "CE nats/token", "accuracy %"], tf)])
+
+
+BLOCKS = {fn.__name__: fn for fn in (anyorder_table, anyorder_tests, load_race, anyorder_curves, countdown_faults)}
