@@ -1,4 +1,5 @@
-"""GSM8K-format tasks: procedural arithmetic, real GSM8K, answer extraction, prompts."""
+"""The tasks as data: GSM8K-format (procedural arithmetic, real GSM8K, answer extraction, prompts)
+and the any-order tasks (Sudoku, Countdown, the reversal poems: :mod:`tasks.anyorder`)."""
 
 from tasks.arith import (
     COT_STYLES,
