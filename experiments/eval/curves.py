@@ -15,7 +15,7 @@ commits) or a run's record file (``record.json`` of a finished run, committed un
 Writes ``curves.md`` (one row per run: task, objective, LR, steps of the cap, stopped flat,
 held-out accuracy at every evaluation, best, last answer loss, CPU hours, commit; then per task and
 objective the LR the plan picks, the best final held-out accuracy of its grid), ``curves.json``
-and ``curves.png`` (held-out accuracy against steps, one panel per task).
+and ``curves.png`` (per task: held-out accuracy, and below it the answer-token loss, against steps).
 """
 
 from __future__ import annotations
