@@ -264,7 +264,7 @@ def test_bad_bd3_metadata_names_the_file_and_key(tmp_path):
 def _expected_kind(name: str):
     if name.startswith("bd3lm-"):
         return "block_causal", int(name.rsplit("-", 1)[1])
-    if name == "dream-ar" or name.endswith(("-ar", "-arlong")):
+    if name == "dream-ar" or name.endswith(("-ar", "-arlong", "-ar-first")):
         return "causal", None
     return "bidirectional", None
 
