@@ -290,7 +290,7 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
     assert len(by["ar-0.002"]["git_sha"]) >= 40
     finals = {lr: by[f"ar-{lr}"]["evals"][-1][1] for lr in ("0.002", "0.0005")}
     best = max(finals.values())
-    assert got["picks"]["reversal2 ar"]["lr"] == min(float(lr) for lr, a in finals.items() if a == best)
+    assert got["picks"]["reversal2 ar, cap 4"]["lr"] == min(float(lr) for lr, a in finals.items() if a == best)
     md = (tmp_path / "c" / "curves.md").read_text()
     assert "| reversal2 | ar | 0.001 | 4 / 4 | training |" in md and (tmp_path / "c" / "curves.png").stat().st_size
     with pytest.raises(ValueError, match="not an experiments.train.train_anyorder run"):

@@ -34,17 +34,19 @@ def read_run(path) -> dict:
     return read_record(path) if Path(path).suffix == ".json" else run_record(path)
 
 
-def picks(runs: list[dict]) -> dict:
-    """(task, objective) -> the run of the LR grid with the best final held-out accuracy (finished
-    runs from scratch only; ties: the smaller LR)."""
+def grids(runs: list[dict]) -> dict[str, list[dict]]:
+    """The LR grids: finished runs from scratch with a held-out curve, grouped by task, objective and
+    step cap (a full run at the cap the grid chose for forms its own group), by rising LR."""
     out: dict = {}
     for r in sorted(runs, key=lambda r: r["lr"]):
-        if not r["finished"] or r["init"] or not r["evals"]:
-            continue
-        key = f"{r['task']} {r['objective']}"
-        if key not in out or r["evals"][-1][1] > out[key]["evals"][-1][1]:
-            out[key] = r
+        if r["finished"] and not r["init"] and r["evals"]:
+            out.setdefault(f"{r['task']} {r['objective']}, cap {r['cap']}", []).append(r)
     return out
+
+
+def picks(runs: list[dict]) -> dict:
+    """Each grid's (:func:`grids`) run with the best final held-out accuracy (ties: the smaller LR)."""
+    return {k: max(g, key=lambda r: (r["evals"][-1][1], -r["lr"])) for k, g in grids(runs).items()}
 
 
 def render(runs: list[dict], chosen: dict) -> str:
@@ -65,12 +67,12 @@ def render(runs: list[dict], chosen: dict) -> str:
           *markdown_table(["task", "objective", "LR", "steps", "stop", "held-out accuracy per evaluation", "best",
                            "last answer loss", "CPU h", "commit", "run"], rows)]
     if chosen:
-        grid = {k: sorted(f"{r['lr']:g}" for r in runs if f"{r['task']} {r['objective']}" == k and r["finished"]
-                          and not r["init"] and r["cap"] == c["cap"]) for k, c in chosen.items()}
+        grid = grids(runs)
         md += ["", "The LR grid's pick (the best final held-out accuracy among finished runs from scratch; ties: "
                "the smaller LR), with the LRs it chose among:", "",
-               *markdown_table(["task and objective", "LR", "final held-out accuracy", "LRs finished", "run"],
-                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}", " ".join(grid[k]), r["run"]]
+               *markdown_table(["task, objective, cap", "LR", "final held-out accuracy", "LRs finished", "run"],
+                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}", " ".join(f"{g['lr']:g}" for g in grid[k]),
+                                 r["run"]]
                                 for k, r in sorted(chosen.items())])]
     return "\n".join(md) + "\n"
 
