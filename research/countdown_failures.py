@@ -20,7 +20,6 @@ from dlm.io import stable_json
 from harness.cli import check_out, markdown_table, run_main
 from harness.results import atomic_write_text, read_jsonl
 from tasks import countdown
-from tasks.pairs import Pair
 
 
 def fault_counts(path: Path) -> dict[str, int]:
@@ -28,10 +27,11 @@ def fault_counts(path: Path) -> dict[str, int]:
     file; a record whose stored ``correct`` disagrees with the checker is a ValueError naming it."""
     counts = dict.fromkeys(("n", "right", *countdown.FAULTS), 0)
     for r in read_jsonl(path):
-        head, _, numbers = r["prompt"].partition(":")
-        if head != "Countdown" or not numbers.strip():
-            raise ValueError(f"{path}: record {r['id']} has no Countdown prompt ({r['prompt']!r})")
-        found = countdown.faults(Pair(r["id"], r["prompt"], r["reference"], (numbers.strip(),)), r["prediction"])
+        try:
+            pair = countdown.pair_of_prompt(r["id"], r["prompt"], r["reference"])
+        except ValueError as e:
+            raise ValueError(f"{path}: record {r['id']}: {e}") from None
+        found = countdown.faults(pair, r["prediction"])
         if (not found) != bool(r["correct"]):
             raise ValueError(f"{path}: record {r['id']} says correct={r['correct']}, the checker finds {found or 'none'}")
         counts["n"] += 1

@@ -22,7 +22,21 @@ from pathlib import Path
 from .pairs import Pair
 
 OPS = "+-*/"
+PREFIX = "Countdown: "  # a prompt is PREFIX + "a,b,c,target"
 EQ = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
+
+
+def make_pair(id: str, numbers: str, answer: str) -> Pair:
+    """The pair of a puzzle ``numbers`` ("a,b,c,target"): its prompt, reference answer and meta."""
+    return Pair(id, PREFIX + numbers, answer, (numbers,))
+
+
+def pair_of_prompt(id: str, prompt: str, answer: str) -> Pair:
+    """:func:`make_pair` read back from a stored prompt (a ValueError when it is not a Countdown prompt)."""
+    numbers = prompt[len(PREFIX):].strip() if prompt.startswith(PREFIX) else ""
+    if not numbers:
+        raise ValueError(f"not a Countdown prompt: {prompt!r}")
+    return make_pair(id, numbers, answer)
 
 
 def _apply(a: int, op: str, b: int):
@@ -62,7 +76,7 @@ def generate(n: int, seed: int = 0, split: str = "train", numbers: tuple[int, ..
     for i in range(n):
         nums, steps, target = solve_chain(rng, rng.choice(numbers))
         inp = ",".join(map(str, nums + [target]))
-        out.append(Pair(f"countdown-{split}-{seed}-{i}", f"Countdown: {inp}", ",".join(steps), (inp,)))
+        out.append(make_pair(f"countdown-{split}-{seed}-{i}", inp, ",".join(steps)))
     return out
 
 
@@ -83,7 +97,7 @@ def fixed_set(n: int, seed: int = 0, split: str = "train", exclude=frozenset(), 
     while len(out) < n:
         nums, steps, target = solve_chain(rng, 3)
         inp = ",".join(map(str, nums + [target]))
-        pair = Pair(f"cd3-{split}-{seed}-{len(out)}", f"Countdown: {inp}", ",".join(steps), (inp,))
+        pair = make_pair(f"cd3-{split}-{seed}-{len(out)}", inp, ",".join(steps))
         if target <= max_target and problem_key(pair) not in seen:
             seen.add(problem_key(pair))
             out.append(pair)
@@ -103,7 +117,7 @@ def load(path) -> list[Pair]:
     """A shared test set: jsonl ``{"input": "15,44,79,50", "output": "44-15=29,79-29=50"}``."""
     path = Path(path)
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [Pair(f"{path.stem}-{i}", f"Countdown: {d['input']}", d["output"], (d["input"],)) for i, d in enumerate(rows)]
+    return [make_pair(f"{path.stem}-{i}", d["input"], d["output"]) for i, d in enumerate(rows)]
 
 
 #: what can be wrong with an answer (:func:`faults`), in the order they are listed

@@ -63,6 +63,9 @@ def test_countdown_generator_and_checker():
              "25-17=1,10-1=60": ("false equation", "number not available", "target missed"),
              "79-29=50": ("number not available", "target missed")}  # 15 and 44 unused
     assert {out: countdown.faults(p, out) for out in found} == found
+    assert countdown.pair_of_prompt("x", p.prompt, "") == Pair("x", p.prompt, "", p.meta)  # read back from a record
+    with pytest.raises(ValueError, match="not a Countdown prompt"):
+        countdown.pair_of_prompt("x", "Sudoku: 1234", "")
     rng = random.Random(0)  # check agrees with a first-fault reference on answers of every kind
     outs = [q.answer for q in pairs[:50]] + [q.answer.replace(rng.choice("0123456789"), rng.choice("0123456789"))
                                              for q in pairs[:150]]
