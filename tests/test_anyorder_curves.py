@@ -6,6 +6,7 @@ the gate on the reverse direction."""
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -262,6 +263,27 @@ def test_infill_cli_rows(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_grid_pick_is_accuracy_then_tail_loss_then_lr():
+    """The pick, against a brute-force reading of the rule on hand-made records: the best final
+    accuracy; among ties the lower mean loss after the second-to-last evaluation; then the smaller LR.
+    Unfinished runs, continuations and runs of another cap are not in the grid."""
+    from experiments.eval.curves import picks
+
+    def rec(name, lr, final, tail, **kw):
+        r = {"run": name, "task": "countdown", "objective": "diffusion", "lr": lr, "cap": 30, "init": None,
+             "finished": True, "evals": [[10, 0.0], [20, 0.1], [30, final]],
+             "losses": [[10, 9.0], [20, 9.0], [25, tail - 0.1], [30, tail + 0.1]]}
+        return {**r, **kw}
+
+    runs = [rec("a", 0.002, 0.0, 1.3), rec("b", 0.001, 0.0, 1.2), rec("c", 0.0005, 0.0, 1.2),
+            rec("d", 0.004, 0.5, 2.0, finished=False), rec("e", 0.003, 0.5, 2.0, init="ar"),
+            rec("f", 0.002, 0.2, 5.0, cap=60)]
+    got = {k: r["run"] for k, r in picks(runs).items()}
+    assert got == {"countdown diffusion, cap 30": "c", "countdown diffusion, cap 60": "f"}
+    runs.append(rec("g", 0.001, 0.01, 4.0))  # one item more right beats any loss
+    assert picks(runs)["countdown diffusion, cap 30"]["run"] == "g"
+
+
 def test_countdown_fixed_set_refused_without_the_test_set(tmp_path):
     """Disjointness cannot be checked without the shared CD3 test set: the run stops naming the file."""
     out = tmp_path / "run"
@@ -290,7 +312,9 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
     assert len(by["ar-0.002"]["git_sha"]) >= 40
     finals = {lr: by[f"ar-{lr}"]["evals"][-1][1] for lr in ("0.002", "0.0005")}
     best = max(finals.values())
-    assert got["picks"]["reversal2 ar, cap 4"]["lr"] == min(float(lr) for lr, a in finals.items() if a == best)
+    tied = [by[f"ar-{lr}"] for lr, a in finals.items() if a == best]
+    tail = {r["lr"]: np.mean([v for s, v in r["losses"] if s > 2]) for r in tied}  # the steps after eval 2 of 4
+    assert got["picks"]["reversal2 ar, cap 4"]["lr"] == min(tail, key=lambda lr: (tail[lr], lr))
     md = (tmp_path / "c" / "curves.md").read_text()
     assert "| reversal2 | ar | 0.001 | 4 / 4 | training |" in md and (tmp_path / "c" / "curves.png").stat().st_size
     with pytest.raises(ValueError, match="not an experiments.train.train_anyorder run"):

@@ -44,9 +44,18 @@ def grids(runs: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def tail_loss(r: dict) -> float:
+    """A run's mean answer loss over its last evaluation interval (the logged steps after the
+    evaluation before the last): one objective's runs compare on it where accuracy cannot."""
+    after = r["evals"][-2][0] if len(r["evals"]) > 1 else -1
+    tail = [v for s, v in r["losses"] if s > after]
+    return sum(tail) / len(tail) if tail else float("inf")
+
+
 def picks(runs: list[dict]) -> dict:
-    """Each grid's (:func:`grids`) run with the best final held-out accuracy (ties: the smaller LR)."""
-    return {k: max(g, key=lambda r: (r["evals"][-1][1], -r["lr"])) for k, g in grids(runs).items()}
+    """Each grid's (:func:`grids`) run with the best final held-out accuracy; ties (a grid whose
+    curves all sit at 0 has nothing else) go to the lower :func:`tail_loss`, then the smaller LR."""
+    return {k: min(g, key=lambda r: (-r["evals"][-1][1], tail_loss(r), r["lr"])) for k, g in grids(runs).items()}
 
 
 def render(runs: list[dict], chosen: dict) -> str:
@@ -69,10 +78,11 @@ def render(runs: list[dict], chosen: dict) -> str:
     if chosen:
         grid = grids(runs)
         md += ["", "The LR grid's pick (the best final held-out accuracy among finished runs from scratch; ties: "
-               "the smaller LR), with the LRs it chose among:", "",
-               *markdown_table(["task, objective, cap", "LR", "final held-out accuracy", "LRs finished", "run"],
-                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}", " ".join(f"{g['lr']:g}" for g in grid[k]),
-                                 r["run"]]
+               "the lower mean answer loss over the last evaluation interval, then the smaller LR), with the LRs "
+               "it chose among and their tail losses:", "",
+               *markdown_table(["task, objective, cap", "LR", "final held-out accuracy", "LRs finished (tail loss)", "run"],
+                               [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}",
+                                 " ".join(f"{g['lr']:g} ({tail_loss(g):.3f})" for g in grid[k]), r["run"]]
                                 for k, r in sorted(chosen.items())])]
     return "\n".join(md) + "\n"
 
