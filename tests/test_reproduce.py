@@ -108,6 +108,9 @@ def test_export_copies_a_model_dir_or_one_record_file(tmp_path):
     dst = tmp_path / "results" / "runs" / "run.json"
     reproduce.export(Job("train_r", "m", (), "t", export=(tmp_path / "run" / "record.json", dst)))
     assert dst.read_text() == '{"run": "run"}' and sorted(p.name for p in dst.parent.iterdir()) == ["run.json"]
+    both = (tmp_path / "run" / "model", tmp_path / "ck2", tmp_path / "run" / "record.json", tmp_path / "r2.json")
+    reproduce.export(Job("train_b", "m", (), "t", export=both))  # a model and its record, in pairs
+    assert sorted(p.name for p in (tmp_path / "ck2").iterdir()) == ["config.json"] and (tmp_path / "r2.json").is_file()
 
 
 def _write(path: Path, recs: list[dict]) -> None:

@@ -74,16 +74,16 @@ def is_done(job: Job, out: Path) -> bool:
 
 
 def export(job: Job) -> None:
-    """Copy a training job's model dir into ``checkpoints/`` (a temp dir, then renames) or its record file."""
-    src, dst = (REPO / p for p in job.export)
-    if src.is_file():
-        return atomic_write_bytes(dst, src.read_bytes())
-    write_dir(dst, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+    """Copy each (source, destination) pair of ``job.export``: a model dir whole (temp dir, then rename), a file."""
+    for src, dst in zip(*[(REPO / p for p in job.export)] * 2):
+        if src.is_file():
+            atomic_write_bytes(dst, src.read_bytes())
+            continue
+        write_dir(dst, lambda tmp, src=src: shutil.copytree(src, tmp, dirs_exist_ok=True))
 
 
 def _die_with_parent() -> None:
-    """Child setup on Linux: SIGKILL this job when the reproduce process dies (even by SIGKILL),
-    so a killed reproduction leaves no orphan appending to the JSONL files a rerun resumes."""
+    """Child setup on Linux: SIGKILL this job when reproduce dies (even by SIGKILL): no orphan appends."""
     try:
         import ctypes
         import signal

@@ -39,7 +39,7 @@ class Job:
     always: bool = False  # the script skips finished samples itself, or only rebuilds a table
     after: tuple = ()
     cost_min: float = 0.1
-    export: Optional[tuple] = None  # (trained model dir or record file, its place), copied after success
+    export: Optional[tuple] = None  # (trained model dir or record file, its place, ...), copied after success
     training: bool = False  # only with --full (a training, or an eval of models only --full trains)
 
     def command(self) -> list[str]:
@@ -86,8 +86,9 @@ def read_plan(path: Path = PLAN) -> tuple[dict[str, list], list[dict]]:
         for text in (*texts, *job.get("artefacts", ()), *job.get("samples", ()), *job.get("export", ())):
             if PLACEHOLDERS.search(text):
                 raise ValueError(f"{where}: unknown placeholder {PLACEHOLDERS.search(text).group()!r} in {text!r}")
-        if "export" in job and len(job["export"]) != 2:
-            raise ValueError(f"{where}: 'export' must be [trained dir or file, destination], got {job['export']!r}")
+        if "export" in job and (not job["export"] or len(job["export"]) % 2):
+            raise ValueError(f"{where}: 'export' must be [trained dir or file, destination, ...] pairs, got "
+                             f"{job['export']!r}")
     return groups, jobs
 
 
