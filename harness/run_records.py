@@ -88,6 +88,11 @@ def add_invocation(out_dir, summary: dict, invocation: dict) -> dict:
     return out
 
 
+def _init_name(init):
+    """The run a continuation started from: its out dir's name (``--init RUN/model`` gives ``RUN``)."""
+    return init and (Path(init).parent.name if Path(init).name == "model" else Path(init).name)
+
+
 def run_record(out_dir) -> dict:
     """A train_anyorder run's record: its held-out curve ``evals`` [(step, accuracy)], answer-loss
     curve ``losses`` [(step, nats)] (4 decimals), flags (``out`` left out: the record is named by
@@ -105,13 +110,13 @@ def run_record(out_dir) -> dict:
     done = json.loads((path / RUN_FILE).read_text()) if (path / RUN_FILE).is_file() else None
     last = max((s for s, _ in evals + losses), default=0)
     return {"run": path.name, "task": flags["task"], "objective": flags["objective"], "lr": flags["lr"],
-            "cap": flags["steps"], "init": flags["init"] and Path(flags["init"]).name, "evals": evals,
+            "cap": flags["steps"], "init": _init_name(flags["init"]), "evals": evals,
             "losses": losses, "steps": done["steps"] if done else last, "finished": done is not None,
             "stopped_flat": bool(done and done["stopped_flat"]), "epochs": done.get("epochs") if done else None,
             "cpu_hours": round(done["cpu_seconds"] / 3600, 3) if done else None,
             "cpu_steps": done["cpu_steps"] if done else None,
             "git_sha": " ".join(dict.fromkeys(i["git_sha"] for i in done["invocations"])) if done else
-            extra.get("git_sha", "not recorded"), "flags": {**flags, "init": flags["init"] and Path(flags["init"]).name}}
+            extra.get("git_sha", "not recorded"), "flags": {**flags, "init": _init_name(flags["init"])}}
 
 
 def read_record(path) -> dict:

@@ -301,7 +301,8 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
     for lr, steps in (("0.002", "4"), ("0.0005", "4")):
         train_anyorder.main([*base, "--lr", lr, "--steps", steps, "--out", str(tmp_path / f"ar-{lr}")])
     running = tmp_path / "ar-busy"
-    train_anyorder.main([*base, "--lr", "0.001", "--steps", "4", "--out", str(running)])
+    train_anyorder.main([*base, "--lr", "0.001", "--steps", "4", "--init", str(tmp_path / "ar-0.002" / "model"),
+                         "--out", str(running)])
     (running / "run.json").unlink()  # as if still training
     got = report.main(["--runs", *(str(p) for p in sorted(tmp_path.glob("ar-*"))), "--out", str(tmp_path / "c")])
     by = {r["run"]: r for r in got["runs"]}
@@ -309,7 +310,7 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
         evals = [(m["step"], m["eval/accuracy"]) for m in _records(tmp_path / name) if "eval/accuracy" in m]
         assert [tuple(e) for e in r["evals"]] == evals and r["steps"] == 4
     assert not by["ar-busy"]["finished"] and by["ar-0.002"]["finished"] and not by["ar-0.002"]["stopped_flat"]
-    assert len(by["ar-0.002"]["git_sha"]) >= 40
+    assert len(by["ar-0.002"]["git_sha"]) >= 40 and by["ar-busy"]["init"] == "ar-0.002" and not by["ar-0.002"]["init"]
     finals = {lr: by[f"ar-{lr}"]["evals"][-1][1] for lr in ("0.002", "0.0005")}
     best = max(finals.values())
     tied = [by[f"ar-{lr}"] for lr, a in finals.items() if a == best]
