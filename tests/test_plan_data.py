@@ -98,3 +98,28 @@ def test_the_committed_plan_reads_and_every_dependency_is_a_job():
         assert not any("{" in str(a) for a in job.args), job.name  # every placeholder filled
     used = {a[1:] for e in entries for a in e["args"] if isinstance(a, str) and a.startswith("@")}
     assert used == set(groups)  # no group is dead data
+
+
+def test_anyorder_full_runs_train_at_their_grids_pick():
+    """Each full any-order run of the plan (``train_anyorder_full_<task>_<objective>``) trains at the
+    LR its grid picked in the committed curves (docs/anyorder_plan.md): the grid's flags, the LR of
+    the pick, the 12,000-step cap. It joins the plan only once its grid's runs have all finished."""
+    import json
+
+    jobs = plan("results", "runs/reproduce")
+    flags = {j.name: dict(zip(j.args[::2], j.args[1::2])) for j in jobs if j.name.startswith("train_anyorder_")}
+    curves = json.loads((Path("results") / "anyorder/curves/curves.json").read_text())
+    finished = {r["run"]: r for r in curves["runs"] if r["finished"]}
+    full = [n for n in flags if n.startswith("train_anyorder_full_")]
+    for name in full:
+        f = flags[name]
+        grid = {n: g for n, g in flags.items() if n.startswith("train_anyorder_grid_")
+                and (g["--task"], g["--objective"]) == (f["--task"], f["--objective"])}
+        assert len(grid) == 3, (name, sorted(grid))
+        runs = [Path(g["--out"]).name for g in grid.values()]
+        assert set(runs) <= set(finished), f"{name}: its grid has unfinished runs {sorted(set(runs) - set(finished))}"
+        pick = finished[curves["picks"][f"{f['--task']} {f['--objective']}, cap 3000"]]
+        assert pick["run"] in runs and f["--lr"] == pick["lr"] and f["--steps"] == 12000, name
+        same = {k: v for k, v in next(iter(grid.values())).items() if k not in ("--lr", "--steps", "--out")}
+        assert {k: v for k, v in f.items() if k not in ("--lr", "--steps", "--out")} == same, name
+    assert {"countdown"} <= {flags[n]["--task"] for n in full}
