@@ -103,7 +103,9 @@ def test_the_committed_plan_reads_and_every_dependency_is_a_job():
 def test_anyorder_full_runs_train_at_their_grids_pick():
     """Each full any-order run of the plan (``train_anyorder_full_<task>_<objective>``) trains at the
     LR its grid picked in the committed curves (docs/anyorder_plan.md): the grid's flags, the LR of
-    the pick, the 12,000-step cap. It joins the plan only once its grid's runs have all finished."""
+    the pick, the 12,000-step cap. It joins the plan only once its grid's runs have all finished. The
+    continuations (``train_anyorder_cont_*``: adapted, arlong) start from the full AR run's exported
+    model at the full run's LR of their objective, for 4000 steps."""
     import json
 
     jobs = plan("results", "runs/reproduce")
@@ -123,3 +125,9 @@ def test_anyorder_full_runs_train_at_their_grids_pick():
         same = {k: v for k, v in next(iter(grid.values())).items() if k not in ("--lr", "--steps", "--out")}
         assert {k: v for k, v in f.items() if k not in ("--lr", "--steps", "--out")} == same, name
     assert {"countdown"} <= {flags[n]["--task"] for n in full}
+    for name in (n for n in flags if n.startswith("train_anyorder_cont_")):  # Dream's recipe and its AR control
+        f = flags[name]
+        start = f"train_anyorder_full_{f['--task']}_ar"
+        assert f["--init"] == next(j for j in jobs if j.name == start).export[1], name  # its exported model
+        assert f["--lr"] == flags[f"train_anyorder_full_{f['--task']}_{f['--objective']}"]["--lr"], name
+        assert f["--steps"] == 4000 and f.get("--train-size") == flags[start].get("--train-size"), name
