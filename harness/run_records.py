@@ -62,10 +62,11 @@ def curve(metrics_path: str) -> list[float]:
 def flat(accuracies: list[float], patience: int, delta: float) -> bool:
     """Whether the best of the last ``patience`` accuracies (fractions) is at most ``delta``
     points above the best before them (False until there are ``patience + 1``, and while every
-    accuracy is 0: a curve that has not left the floor has not flattened, it has not started)."""
+    accuracy is 0: a curve that has not left the floor has not flattened, it has not started).
+    The gain is rounded to 1e-6 points first: 0.81 - 0.79 is 2 points, not 2.0000000000000018."""
     if patience < 1 or len(accuracies) <= patience or max(accuracies) == 0:
         return False
-    return 100 * (max(accuracies[-patience:]) - max(accuracies[:-patience])) <= delta
+    return round(100 * (max(accuracies[-patience:]) - max(accuracies[:-patience])), 6) <= delta
 
 
 def steps_done(out_dir) -> int:

@@ -161,6 +161,8 @@ def test_flat_criterion():
     assert runs.flat([0.5, 0.4, 0.3], 2, 0.0)
     assert not runs.flat([0.0, 0.0, 0.0, 0.0], 3, 2.0)  # still at the floor: not started, not flat
     assert runs.flat([0.0, 0.03, 0.03, 0.04, 0.03], 3, 2.0)
+    assert runs.flat([0.72, 0.79, 0.81, 0.81, 0.80], 3, 2.0)  # exactly 2 points in float arithmetic
+    assert not runs.flat([0.72, 0.79, 0.81, 0.82, 0.80], 3, 2.0)
 
 
 def _records(out):
