@@ -6,10 +6,11 @@ curve flattens, and the run's summary and committed record (used by
 ``delta`` points above the best before them, once the curve has left 0. It reads the curve from
 ``metrics.jsonl`` (:func:`curve`), so a resumed run stops where an uninterrupted one would.
 
-Each trainer invocation appends itself to the run's ``run.json`` (:func:`add_invocation`: steps
-from/to, CPU and wall seconds, commit), so a resumed run keeps the cost of its earlier parts; an
-invocation killed before its end leaves no entry, and ``cpu_steps`` says how many steps the summed
-CPU seconds cover. :func:`run_record` is a run's committed record: its curves, flags and cost,
+Each trainer invocation logs its start in the run's ``invocations.jsonl`` (:func:`begin_invocation`:
+first step, commit) and its end there (:func:`add_invocation`: steps from/to, CPU and wall seconds),
+which also writes ``run.json``; so a resumed run keeps the commits and cost of its earlier parts. An
+invocation killed before its end keeps its commit and steps (up to where the next one resumed), its
+seconds unknown: ``cpu_steps`` says how many steps the summed CPU seconds cover. :func:`run_record` is a run's committed record: its curves, flags and cost,
 without the model (``record.json`` beside ``run.json``), read back checked by :func:`read_record`.
 """
 
@@ -28,6 +29,8 @@ from harness.results import atomic_write_text
 
 #: a finished run's summary in its out dir (steps, stopped_flat, epochs, params, args, invocations)
 RUN_FILE = "run.json"
+#: every invocation's start and end lines (:func:`begin_invocation`, :func:`add_invocation`)
+INVOCATIONS_FILE = "invocations.jsonl"
 #: its record (:func:`run_record`), the file a plan job exports into results/
 RECORD_FILE = "record.json"
 RECORD_KEYS = ("run", "task", "objective", "lr", "cap", "init", "evals", "losses", "steps", "finished",
@@ -75,16 +78,40 @@ def steps_done(out_dir) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"]) if path.is_file() else 0
 
 
+def begin_invocation(out_dir, from_step: int, git_sha: str) -> None:
+    """Log an invocation's start (``from_step``, ``git_sha``) in the run's ``invocations.jsonl``."""
+    with open(Path(out_dir) / INVOCATIONS_FILE, "a") as f:
+        f.write(json.dumps({"from_step": from_step, "git_sha": git_sha}) + "\n")
+
+
+def invocations(out_dir) -> list[dict]:
+    """The run's invocations from ``invocations.jsonl``: a start with its end line is that end; a
+    start without one was killed, and ran to the step the next invocation started from (its seconds
+    None). An invocation that trained no step is left out unless it ended the run (``ended``)."""
+    lines = [json.loads(x) for x in (Path(out_dir) / INVOCATIONS_FILE).read_text().splitlines() if x.strip()]
+    out: list[dict] = []
+    for r in lines:
+        if "to_step" in r:
+            out[-1] = r  # the end of the invocation started just before
+        else:
+            if out and out[-1]["to_step"] is None:
+                out[-1] = {**out[-1], "to_step": r["from_step"]}
+            out.append({**r, "to_step": None, "cpu_seconds": None, "wall_seconds": None})
+    return [i for i in out if i["to_step"] is None or i["to_step"] > i["from_step"] or i.get("ended")]
+
+
 def add_invocation(out_dir, summary: dict, invocation: dict) -> dict:
-    """Write ``run.json``: ``summary`` (the run as it stands) with ``invocation`` (``from_step``,
-    ``to_step``, ``cpu_seconds``, ``wall_seconds``, ``git_sha``) appended to the earlier ones; an
-    invocation that trained no step (a finished run rerun) adds nothing. Returns what it wrote."""
+    """Log ``invocation``'s end (``from_step``, ``to_step``, ``cpu_seconds``, ``wall_seconds``,
+    ``git_sha``; :func:`begin_invocation` logged its start) and write ``run.json``: ``summary`` (the
+    run as it stands) with every invocation (:func:`invocations`). One that trained no step counts
+    only when it ended the run (a finished run rerun adds nothing). Returns what it wrote."""
     path = Path(out_dir) / RUN_FILE
-    done = json.loads(path.read_text())["invocations"] if path.is_file() else []
-    if invocation["to_step"] > invocation["from_step"]:
-        done = [*done, invocation]
-    out = {**summary, "invocations": done, "cpu_seconds": sum(i["cpu_seconds"] for i in done),
-           "cpu_steps": sum(i["to_step"] - i["from_step"] for i in done)}
+    with open(Path(out_dir) / INVOCATIONS_FILE, "a") as f:
+        f.write(json.dumps({**invocation, "ended": not path.is_file()}) + "\n")
+    done = invocations(out_dir)
+    timed = [i for i in done if i["cpu_seconds"] is not None]
+    out = {**summary, "invocations": done, "cpu_seconds": round(sum(i["cpu_seconds"] for i in timed), 1),
+           "cpu_steps": sum(i["to_step"] - i["from_step"] for i in timed)}
     atomic_write_text(path, stable_json(out, indent=1) + "\n")
     return out
 

@@ -336,8 +336,8 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
 
 
 def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
-    """Each invocation that trains appends its steps and seconds; a finished run rerun (no step
-    trained) leaves the sums as they were."""
+    """Each invocation that trains appends its steps and seconds; a killed one keeps its commit and
+    steps, its seconds unknown; a finished run rerun (no step trained) leaves the sums as they were."""
     base = ["--task", "reversal2", "--objective", "ar", "--steps", "2", "--out", str(tmp_path / "r"), *SMALL]
     train_anyorder.main(base)
     first = json.loads((tmp_path / "r" / "run.json").read_text())
@@ -345,11 +345,20 @@ def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
     train_anyorder.main(base)
     assert json.loads((tmp_path / "r" / "run.json").read_text())["invocations"] == first["invocations"]
     summary = {"steps": 5, "stopped_flat": False}
+    runs.begin_invocation(tmp_path / "r", 2, "c" * 40)  # killed at step 3: its commit and steps stay
+    runs.begin_invocation(tmp_path / "r", 3, "b" * 40)
     got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 3, "to_step": 5, "cpu_seconds": 1.5,
                                                           "wall_seconds": 2.0, "git_sha": "b" * 40})
-    assert got["cpu_seconds"] == first["cpu_seconds"] + 1.5 and got["cpu_steps"] == 4  # steps 2-3 unaccounted
+    assert [(i["from_step"], i["to_step"], i["cpu_seconds"]) for i in got["invocations"][1:]] == [(2, 3, None),
+                                                                                                (3, 5, 1.5)]
+    assert got["cpu_seconds"] == first["cpu_seconds"] + 1.5 and got["cpu_steps"] == 4  # step 2-3's seconds unknown
     record = runs.run_record(tmp_path / "r")
-    assert record["git_sha"] == f"{first['invocations'][0]['git_sha']} {'b' * 40}" and record["steps"] == 5
+    assert record["git_sha"] == f"{first['invocations'][0]['git_sha']} {'c' * 40} {'b' * 40}" and record["steps"] == 5
+    (tmp_path / "r" / "run.json").unlink()  # a killed run resumed only to be stopped: that invocation counts
+    runs.begin_invocation(tmp_path / "r", 5, "d" * 40)
+    got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 5, "to_step": 5, "cpu_seconds": 0.5,
+                                                          "wall_seconds": 0.6, "git_sha": "d" * 40})
+    assert got["invocations"][-1]["git_sha"] == "d" * 40 and got["cpu_steps"] == 4
 
 
 @pytest.mark.parametrize("edit, message", [

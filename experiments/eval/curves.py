@@ -71,7 +71,7 @@ def render(runs: list[dict], chosen: dict) -> str:
           "(EOS padding excluded) of each run; stop: `flat` when the flattening rule stopped it, `cap` at `--steps`. "
           "The two objectives' losses are not on one scale: AR's is next-token cross-entropy, diffusion's the "
           "masked answer tokens' at a mask ratio drawn per row. CPU h: the summed CPU time of the invocations "
-          "that finished (a killed one leaves none; the steps covered are named when short of all). "
+          "that ended (a killed one's seconds are unknown; the steps covered are named when short of all). "
           "Written by `python -m experiments.eval.curves` from the runs' files.", "",
           *markdown_table(["task", "objective", "LR", "steps", "stop", "held-out accuracy per evaluation", "best",
                            "last answer loss", "CPU h", "commit", "run"], rows)]

@@ -141,6 +141,7 @@ def run(args, cfg: TrainConfig) -> None:
     extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args), "git_sha": sha}
     t0, c0 = time.time(), time.process_time()
     from_step = runs.steps_done(cfg.out_dir)
+    runs.begin_invocation(cfg.out_dir, from_step, sha)
     result = train(model, objective, data, cfg, tokenizer=tok, recipe=recipe, eval_fn=evaluate, should_stop=stop,
                    save_fn=functools.partial(save_model, dtype=torch.bfloat16, extra_config=extra))
     epochs = {"epochs": sample.epoch(result.step, args.batch_size)} if isinstance(sample, Epochs) else {}
