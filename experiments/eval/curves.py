@@ -53,9 +53,11 @@ def tail_loss(r: dict) -> float:
 
 
 def picks(runs: list[dict]) -> dict:
-    """Each grid's (:func:`grids`) run with the best final held-out accuracy; ties (a grid whose
-    curves all sit at 0 has nothing else) go to the lower :func:`tail_loss`, then the smaller LR."""
-    return {k: min(g, key=lambda r: (-r["evals"][-1][1], tail_loss(r), r["lr"])) for k, g in grids(runs).items()}
+    """Each grid's (:func:`grids`; two LRs or more: a full run alone at its cap picks nothing) run with
+    the best final held-out accuracy; ties (a grid whose curves all sit at 0 has nothing else) go to
+    the lower :func:`tail_loss`, then the smaller LR."""
+    return {k: min(g, key=lambda r: (-r["evals"][-1][1], tail_loss(r), r["lr"]))
+            for k, g in grids(runs).items() if len(g) > 1}
 
 
 def render(runs: list[dict], chosen: dict) -> str:
