@@ -76,6 +76,9 @@ def test_placeholders_caps_groups_and_full(tmp_path):
     ('name = "headline"', 'name = "table"', "job 'table': the name is used by 2 jobs"),
     ('what = "a table"\n', '', "job 'table' has no 'what'"),
     ('export = ["{work}/m/model", "{ck}/m"]', 'export = ["{work}/m/model"]', "job 'train_m': 'export' must be"),
+    ('after_full = ["train_m"]', 'after_full = ["table"]', "job 'table': 'after' makes a cycle (table -> table)"),
+    ('name = "headline"', 'name = "headline"\nafter = ["headline"]', "'after' makes a cycle (headline -> headline)"),
+    ('training = true\n', 'training = true\nafter = ["table"]\n', "cycle (train_m -> table -> train_m)"),
     ('[groups]', '[group]', "unknown table(s) ['group']"),
     ('cost = 60.0\n', 'cost = 60.0.0\n', "not valid TOML"),
 ])

@@ -89,7 +89,27 @@ def read_plan(path: Path = PLAN) -> tuple[dict[str, list], list[dict]]:
         if "export" in job and (not job["export"] or len(job["export"]) % 2):
             raise ValueError(f"{where}: 'export' must be [trained dir or file, destination, ...] pairs, got "
                              f"{job['export']!r}")
+    _check_acyclic(path, {j["name"]: (*j.get("after", ()), *j.get("after_full", ())) for j in jobs})
     return groups, jobs
+
+
+def _check_acyclic(path: Path, deps: dict[str, tuple]) -> None:
+    """A ValueError naming a cycle of ``after`` names (a job after itself, directly or not): the
+    scheduler would wait on it for ever."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 1:
+            cycle = trail[trail.index(name):] + [name]
+            raise ValueError(f"{path}: job {name!r}: 'after' makes a cycle ({' -> '.join(cycle)})")
+        if state.get(name) != 2:
+            state[name] = 1
+            for dep in deps[name]:
+                visit(dep, [*trail, name])
+            state[name] = 2
+
+    for name in deps:
+        visit(name, [])
 
 
 def _splice(args: list, groups: dict[str, list]) -> list:
