@@ -10,8 +10,9 @@ Each trainer invocation logs its start in the run's ``invocations.jsonl`` (:func
 first step, commit) and its end there (:func:`add_invocation`: steps from/to, CPU and wall seconds),
 which also writes ``run.json``; so a resumed run keeps the commits and cost of its earlier parts. An
 invocation killed before its end keeps its commit and steps (up to where the next one resumed), its
-seconds unknown: ``cpu_steps`` says how many steps the summed CPU seconds cover. :func:`run_record` is a run's committed record: its curves, flags and cost,
-without the model (``record.json`` beside ``run.json``), read back checked by :func:`read_record`.
+seconds unknown: ``cpu_steps`` says how many steps the summed CPU seconds cover. :func:`run_record`
+is a run's committed record: its curves, flags and cost, without the model (``record.json`` beside
+``run.json``), read back checked by :func:`read_record`.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def invocations(out_dir) -> list[dict]:
     lines = [json.loads(x) for x in (Path(out_dir) / INVOCATIONS_FILE).read_text().splitlines() if x.strip()]
     out: list[dict] = []
     for r in lines:
-        if "to_step" in r:
-            out[-1] = r  # the end of the invocation started just before
+        if "to_step" in r:  # the end of the invocation started just before (if its start was logged)
+            opened = out and out[-1]["to_step"] is None and out[-1]["from_step"] == r["from_step"]
+            out[-1:] = [r] if opened else [*out[-1:], r]
         else:
             if out and out[-1]["to_step"] is None:
                 out[-1] = {**out[-1], "to_step": r["from_step"]}

@@ -359,6 +359,10 @@ def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
     got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 5, "to_step": 5, "cpu_seconds": 0.5,
                                                           "wall_seconds": 0.6, "git_sha": "d" * 40})
     assert got["invocations"][-1]["git_sha"] == "d" * 40 and got["cpu_steps"] == 4
+    (tmp_path / "r" / "invocations.jsonl").write_text("")  # an end whose start was never logged still counts
+    got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 0, "to_step": 5, "cpu_seconds": 2.0,
+                                                          "wall_seconds": 2.0, "git_sha": "e" * 40})
+    assert [i["git_sha"] for i in got["invocations"]] == ["e" * 40] and got["cpu_steps"] == 5
 
 
 @pytest.mark.parametrize("edit, message", [
