@@ -82,7 +82,8 @@ def render(runs: list[dict], chosen: dict) -> str:
         md += ["", "The LR grid's pick (the best final held-out accuracy among finished runs from scratch; ties: "
                "the lower mean answer loss over the last evaluation interval, then the smaller LR), with the LRs "
                "it chose among and their tail losses:", "",
-               *markdown_table(["task, objective, cap", "LR", "final held-out accuracy", "LRs finished (tail loss)", "run"],
+               *markdown_table(["task, objective, cap", "LR", "final held-out accuracy", "LRs finished (tail loss)",
+                                "run"],
                                [[k, f"{r['lr']:g}", f"{100 * r['evals'][-1][1]:.1f}",
                                  " ".join(f"{g['lr']:g} ({tail_loss(g):.3f})" for g in grid[k]), r["run"]]
                                 for k, r in sorted(chosen.items())])]
