@@ -110,7 +110,7 @@ def plot(runs: list[dict], path: Path) -> None:
     for col, task in enumerate(tasks):
         for r in (r for r in runs if r["task"] == task):
             style = dict(color="C0" if r["objective"] == "ar" else "C1", ls=("-", "--", ":", "-.")[lrs.index(r["lr"]) % 4],
-                         label=f"{r['objective']} lr {r['lr']:g}" + (f" from {r['init']}" if r["init"] else ""))
+                         label=f"{r['run']}, lr {r['lr']:g}" + (f" from {r['init']}" if r["init"] else ""))
             if r["evals"]:
                 axes[0, col].plot([s for s, _ in r["evals"]], [100 * a for _, a in r["evals"]], marker="o", ms=3, **style)
             if r["losses"]:
