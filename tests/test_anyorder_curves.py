@@ -331,6 +331,7 @@ def test_curves_report_reads_each_run_and_picks_the_grid_lr(tmp_path):
     report.main(["--records", str(records), "--out", str(tmp_path / "f")])
     assert (tmp_path / "f" / "curves.md").read_text() == (tmp_path / "e" / "curves.md").read_text()
     assert str(tmp_path) not in (records / "ar-0.002.json").read_text()  # no machine path in a record
+    assert str(tmp_path) not in (tmp_path / "ar-0.002" / "model" / "config.json").read_text()  # nor in the model
     with pytest.raises(ValueError, match="runs named twice"):
         report.main(["--records", str(records), "--runs", str(tmp_path / "ar-0.002"), "--out", str(tmp_path / "g")])
 

@@ -138,7 +138,8 @@ def run(args, cfg: TrainConfig) -> None:
     stop = (lambda: runs.flat(runs.curve(metrics), args.stop_patience, args.stop_delta)) \
         if args.stop_patience else None
     sha = git_sha()
-    extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "args": vars(args), "git_sha": sha}
+    extra = {"recipe": f"anyorder-{args.objective}", "task": args.task, "git_sha": sha,
+             "args": {k: v for k, v in vars(args).items() if k != "out"}}  # where it trained is no model property
     t0, c0 = time.time(), time.process_time()
     from_step = runs.steps_done(cfg.out_dir)
     runs.begin_invocation(cfg.out_dir, from_step, sha)
