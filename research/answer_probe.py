@@ -1,8 +1,8 @@
 """What an any-order task model has learned of the answer: teacher-forced cross-entropy and argmax
 accuracy on the answer's own tokens, the EOS padding left out.
 
-    python -m research.answer_probe --task countdown --models ar=results/checkpoints/anyorder-countdown-ar \\
-        diffusion=results/checkpoints/anyorder-countdown-diffusion --n 100 --out /tmp/probe.json
+    python -m research.answer_probe --task countdown --models ar=results/checkpoints/anyorder-countdown20k-ar \\
+        diffusion=results/checkpoints/anyorder-countdown20k-diffusion --n 100 --out /tmp/probe.json
 
 On ``--n`` held-out pairs of the task (:func:`tasks.anyorder.heldout`, the
 items the learning curves score), laid out as in training (prompt, answer, EOS padding to the

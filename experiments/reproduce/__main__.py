@@ -237,7 +237,7 @@ def jobs_table(jobs: list[Job]) -> str:
              "one thread per process on a CPU). Training jobs run only with `--full`.", "",
              "| artefact | what | job | command |", "|---|---|---|---|"]
     for j in jobs:
-        arts = "<br>".join(f"`{a}`" for a in (*j.artefacts, *j.samples))
+        arts = "<br>".join(f"`{a}`" for a in dict.fromkeys((*j.artefacts, *j.samples)))
         cmd = shlex.join(j.command()[1:]).replace("|", "\\|")
         lines.append(f"| {arts} | {j.what} | `{j.name}` | `python {cmd}` |")
     return "\n".join(lines) + "\n"
