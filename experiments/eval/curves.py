@@ -92,8 +92,8 @@ def render(runs: list[dict], chosen: dict) -> str:
 
 def cpu_cell(r: dict) -> str:
     """A run's CPU hours, with the steps they cover when a killed invocation left some out."""
-    if r["cpu_hours"] is None:
-        return "-"
+    if r["cpu_hours"] is None or r["cpu_steps"] == 0:
+        return "unknown"  # no invocation that trained a step left its CPU time
     short = r["cpu_steps"] is not None and r["cpu_steps"] < r["steps"]
     return f"{r['cpu_hours']:.2f}" + (f" ({r['cpu_steps']} of {r['steps']} steps)" if short else "")
 

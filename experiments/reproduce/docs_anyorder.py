@@ -103,12 +103,12 @@ def anyorder_curves(results: Path) -> str:
     d = read_json(path, "runs", "picks")
     body = [[r["task"], r["objective"], f"{r['lr']:g}", f"{r['steps']} / {r['cap']}",
              " ".join(f"{100 * a:.0f}" for _, a in r["evals"]) or "-",
-             cpu_cell(r)] for r in d["runs"]]
+             cpu_cell(r), r["run"]] for r in d["runs"]]
     picks = ", ".join(f"{k}: {v}" for k, v in sorted(d["picks"].items())) or "none yet"
     return "\n".join([f"From `{path.relative_to(results.parent)}` (held-out accuracy % on 100 items every 1000 steps; "
                       "the curves and the answer loss: [curves.md](../results/anyorder/curves/curves.md)).", "",
                       *markdown_table(["task", "objective", "LR", "steps", "held-out accuracy per evaluation",
-                                       "CPU h"], body), "", "The grid's picks among its finished runs (the plan's grid: "
+                                       "CPU h", "run"], body), "", "The grid's picks among its finished runs (the plan's grid: "
                       f"5e-4, 1e-3, 2e-3 per task and objective): {picks}."])
 
 
