@@ -186,3 +186,28 @@ def test_the_first_recipe_ar_row(tmp_path, shared_data):
     with pytest.raises(ValueError, match="--ar-first .*: not a checkpoint directory"):
         anyorder.main(["--task", "sudoku", "--ar", ckpt, "--mdm", ckpt, "--ar-first", str(tmp_path / "no"),
                        "--out", str(tmp_path / "x")])
+
+
+def test_reversal_gap_pairs_the_two_questions_about_a_fact(tmp_path):
+    """The gap is forward minus reverse accuracy over the facts asked both ways, its CI Newcombe's
+    paired interval of the fact-level 2x2 table; a gated model has no gap."""
+    from harness.noninferiority import newcombe_paired
+
+    poems = reversal.corpus()
+    rng = random.Random(3)
+    fwd = {p.id: rng.random() < 0.99 for p in reversal.test_pairs(poems, "after")}
+    rev = {p.id: rng.random() < 0.4 for p in reversal.test_pairs(poems, "before")}
+    rev.pop(next(iter(rev)))  # one fact asked forward only: left out of the gap
+    for direction, ok in (("after", fwd), ("before", rev)):
+        for row, flip in (("ar", False), ("pure", True)):  # the diffusion model fails forward: gated
+            lines = [{"id": i, "correct": v and not flip} for i, v in ok.items()]
+            (tmp_path / f"reversal2_{direction}_{row}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rows = {(r["task"], r["row"]): r for r in anyorder.report(tmp_path)["rows"]}
+    pairs = [(fwd[i], rev[i.replace("after", "before")]) for i in fwd if i.replace("after", "before") in rev]
+    counts = [sum(f and r for f, r in pairs), sum(f and not r for f, r in pairs), sum(r and not f for f, r in pairs)]
+    diff, lo, hi = newcombe_paired(*counts, len(pairs) - sum(counts))
+    got = rows[("reversal2_before", "ar")]
+    assert got["facts"] == len(pairs) == len(fwd) - 1 and got["gap_pp"] == pytest.approx(-100 * diff)
+    assert got["gap_ci_pp"] == pytest.approx([-100 * hi, -100 * lo]) and got["gap_ci_pp"][0] > 0
+    assert rows[("reversal2_before", "pure")]["gated"] and "gap_pp" not in rows[("reversal2_before", "pure")]
+    assert "| reversal2 | ar | 299 |" in (tmp_path / "table.md").read_text()

@@ -37,6 +37,7 @@ from tasks.anyorder import kind, test_set
 from experiments.eval import infill
 from tasks.evaluate import decode_until_stop, left_pad, mcnemar_exact, wilson_ci
 from harness.cli import check_out, markdown_table, parser, run_main, set_threads
+from harness.noninferiority import newcombe_paired
 from harness.results import REPO, JsonlLog, atomic_write_text, config_hash, git_sha, read_jsonl, sample_shas
 from dlm.spec import Sampler, generate
 
@@ -157,6 +158,28 @@ def gated(name: str, row: str, recs: dict, forward: dict) -> float | None:
     return acc if acc < GATE else None
 
 
+def fact(item_id: str) -> str:
+    """The fact a reversal question is about, shared by its two directions: ``reversal-after-p-j``
+    asks line j + 1 of poem p from line j, ``reversal-before-p-j`` line j from line j + 1."""
+    return item_id.split("-", 2)[2]
+
+
+def gap(forward: dict, reverse: dict) -> dict:
+    """Forward minus reverse accuracy of one model on the facts asked both ways, in points, with
+    Newcombe's paired 95% CI (the two questions about a fact are its paired outcomes)."""
+    fwd, rev = {fact(i): v for i, v in forward.items()}, {fact(i): v for i, v in reverse.items()}
+    both = [(fwd[f], rev[f]) for f in fwd if f in rev]
+    a, b, c = sum(x and y for x, y in both), sum(x and not y for x, y in both), sum(y and not x for x, y in both)
+    diff, lo, hi = newcombe_paired(a, b, c, len(both) - a - b - c)  # reverse - forward
+    return {"facts": len(both), "gap_pp": -100 * diff, "gap_ci_pp": [-100 * hi, -100 * lo]}
+
+
+def gap_table(rows: list[dict]) -> list[list]:
+    """The gap rows of a table (task, row, facts, gap [CI]) for markdown."""
+    return [[r["task"].rsplit("_", 1)[0], r["row"], r["facts"], f"{r['gap_pp']:.1f} [{r['gap_ci_pp'][0]:.1f}, "
+             f"{r['gap_ci_pp'][1]:.1f}]"] for r in rows if "gap_pp" in r]
+
+
 def report(out: Path) -> dict:
     tasks = sorted({p.stem.rsplit("_", 1)[0] for p in out.glob("*_*.jsonl")})
 
@@ -185,7 +208,8 @@ def report(out: Path) -> dict:
                 c = sum(ok[i] and not recs[vs][i] for i in shared)
                 p_val, bc = mcnemar_exact(b, c), f"{b}/{c}"
             rows.append({"task": name, "row": r, "n": n, "accuracy": k / max(n, 1), "ci": [lo, hi],
-                         "vs": vs, "mcnemar_p": p_val, "discordant": bc})
+                         "vs": vs, "mcnemar_p": p_val, "discordant": bc,
+                         **(gap(forward[r], ok) if kind(name) == "before" and r in forward else {})})
             table.append([name, r, n, f"{100 * k / max(n, 1):.1f} [{100 * lo + 0.0:.1f}, {100 * hi:.1f}]",
                           vs if p_val is not None else "-", "-" if p_val is None else f"{p_val:.2g} ({bc})"])
     md = ["# Any-order tasks: AR vs masked diffusion, same size, same data, same tokens", "",
@@ -198,6 +222,11 @@ def report(out: Path) -> dict:
           f"right). A reverse (`_before`) row is scored only for a model whose forward accuracy on the trained "
           f"questions (`_after`) is at least {100 * GATE:.0f}%. Samples: {sample_shas(out)}."), "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
+    gaps = gap_table(rows)
+    if gaps:
+        md += ["", "The reversal gap: forward minus reverse accuracy of each model past the forward gate, on the "
+               "facts asked both ways (points; Newcombe's paired 95% CI).", "",
+               *markdown_table(["task", "row", "facts", "gap [95% CI]"], gaps)]
     atomic_write_text(out / "table.md", "\n".join(md) + "\n")
     atomic_write_text(out / "table.json", stable_json(rows, indent=1))
     print("\n".join(md))
