@@ -35,6 +35,8 @@ def test_set(name: str, n: int) -> list:
         pairs = countdown.load(data_root() / "reasoning" / "countdown" / "cd3_test.jsonl")
     elif kind(name) == "infill":
         pairs = reversal.infill_pairs(reversal.corpus())
+    elif kind(name) == "drill":
+        pairs = reversal.drill_pairs(reversal.corpus())
     else:
         pairs = reversal.test_pairs(reversal.corpus(), kind(name))
     return pairs[:n]

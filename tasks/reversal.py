@@ -101,6 +101,13 @@ def test_pairs(poems, direction: str) -> list[Pair]:
     return _questions(poems, split(poems)[1], direction)
 
 
+def drill_pairs(poems) -> list[Pair]:
+    """The reverse questions training asks: ``"before"`` about the drill poems. Scored beside the
+    held-out reverse questions, they tell a model that learned the reverse format only on the
+    poems it was drilled on from one that inverts any poem it memorised."""
+    return _questions(poems, split(poems)[0], "before")
+
+
 def infill_pairs(poems) -> list[Pair]:
     """The infilling probe: every line of every test poem, to be filled inside its recitation.
     ``prompt`` is the recitation's, ``answer`` the line, ``meta`` ``(poem, line index)``."""

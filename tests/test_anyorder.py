@@ -110,6 +110,9 @@ def test_reversal_corpus_split_and_checker():
     assert reversal.check(before[0], before[0].answer + "\nmore") and not reversal.check(before[0], "zz zz")
     with pytest.raises(ValueError, match="direction"):
         reversal.test_pairs(poems, "sideways")
+    drilled = reversal.drill_pairs(poems)  # the trained reverse questions, none about a test poem
+    assert {d.id for d in drilled} == {t.id for t in before_q} and not {d.id for d in drilled} & {b.id for b in before}
+    assert anyorder_tasks.test_set("reversal2_drill", 5) == reversal.drill_pairs(reversal.corpus())[:5]
 
 
 def test_shared_test_sets_load_and_solve(shared_data):

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from dlm.attention import causal_mask
 from dlm.objectives import ARSFTLoss, LLaDASFTLoss
 from dlm.tokenizer import build_word_tokenizer
-from experiments.eval import anyorder, infill
-from experiments.eval.curves import cpu_cell
+from experiments.eval import anyorder, curves, infill
 from tasks import anyorder as anyorder_tasks
 from harness import run_records as runs
 from experiments.train import train_anyorder
@@ -221,7 +220,8 @@ def test_curve_flags_refused_before_anything(tmp_path, args, message):
 
 
 def _write(path, oks):
-    path.write_text("".join(json.dumps({"id": f"q{i}", "correct": ok}) + "\n" for i, ok in enumerate(oks)))
+    path.write_text("".join(json.dumps({"id": f"reversal-{path.stem.split('_')[1]}-{i}-0", "correct": ok}) + "\n"
+                            for i, ok in enumerate(oks)))  # real ids: a fact's two questions share poem and line
 
 
 def test_reverse_row_gated_on_forward_accuracy(tmp_path):
@@ -356,7 +356,7 @@ def test_run_json_sums_the_invocations_and_a_rerun_adds_none(tmp_path):
     assert got["cpu_seconds"] == first["cpu_seconds"] + 1.5 and got["cpu_steps"] == 4  # step 2-3's seconds unknown
     record = runs.run_record(tmp_path / "r")
     assert record["git_sha"] == f"{first['invocations'][0]['git_sha']} {'c' * 40} {'b' * 40}" and record["steps"] == 5
-    assert cpu_cell(record).endswith("(4 of 5 steps)") and cpu_cell({**record, "cpu_steps": 0}) == "unknown"
+    assert curves.cpu_cell(record).endswith("(4 of 5 steps)") and curves.cpu_cell({**record, "cpu_steps": 0}) == "unknown"
     (tmp_path / "r" / "run.json").unlink()  # a killed run resumed only to be stopped: that invocation counts
     runs.begin_invocation(tmp_path / "r", 5, "d" * 40)
     got = runs.add_invocation(tmp_path / "r", summary, {"from_step": 5, "to_step": 5, "cpu_seconds": 0.5,

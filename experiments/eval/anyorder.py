@@ -6,7 +6,8 @@ start (Sudoku, Countdown) and on the reversal task (the line after / before a me
 
 Test sets: 4x4 Sudoku from ``../shared/data/reasoning/sudoku`` (``d1_4x4_test_sudoku.csv``),
 Countdown with 3 numbers (``countdown/cd3_test.jsonl``), the reversal task's held-out poems
-(:mod:`tasks.reversal`, forward and reverse). Rows: the AR model decoded left to right with
+(:mod:`tasks.reversal`, forward and reverse; ``<task>_drill``: the reverse questions training asked, about the
+drill poems). Rows: the AR model decoded left to right with
 its KV cache (``ar``); the diffusion model decoded as pure diffusion (one block, one token per
 step, most confident first: ``pure``) and semi-autoregressively (blocks of 8: ``semiar``), and,
 with ``--adapted``, the AR model continued as a diffusion model (Dream's recipe) decoded the same
@@ -42,10 +43,10 @@ from harness.results import REPO, JsonlLog, atomic_write_text, config_hash, git_
 from dlm.spec import Sampler, generate
 
 CHECK = {"sudoku": sudoku.check, "countdown": countdown.check, "after": reversal.check,
-         "before": reversal.check, "infill": reversal.check}
+         "before": reversal.check, "drill": reversal.check, "infill": reversal.check}
 # generation lengths inside the trained row lengths (tasks.anyorder.RESPONSE_LEN + 0..16 tail); the
 # infilling probe's row is its recitation EOS-padded to this many answer columns
-GEN = {"sudoku": 32, "countdown": 48, "after": 40, "before": 40, "infill": 40}
+GEN = {"sudoku": 32, "countdown": 48, "after": 40, "before": 40, "drill": 40, "infill": 40}
 ROWS = ("ar", "pure", "semiar", "arlong", "arfirst", "dream", "dreamsa")
 MODEL_ROWS = {"ar": ("ar",), "mdm": ("pure", "semiar"), "arlong": ("arlong",), "ar_first": ("arfirst",),
               "adapted": ("dream", "dreamsa")}
@@ -127,7 +128,7 @@ def run(args) -> None:
                                                   if getattr(args, k)}}
     names = [args.task]
     if args.task in reversal.VERSIONS:
-        names = [f"{args.task}_after", f"{args.task}_before", *([f"{args.task}_infill"] if args.infill else [])]
+        names = [f"{args.task}_{k}" for k in ("after", "before", "drill", *(("infill",) if args.infill else ()))]
     for model_kind, path in models.items():
         model, tok = load_model(path, dtype=torch.float32)
         model.eval()
@@ -161,7 +162,10 @@ def gated(name: str, row: str, recs: dict, forward: dict) -> float | None:
 def fact(item_id: str) -> str:
     """The fact a reversal question is about, shared by its two directions: ``reversal-after-p-j``
     asks line j + 1 of poem p from line j, ``reversal-before-p-j`` line j from line j + 1."""
-    return item_id.split("-", 2)[2]
+    parts = item_id.split("-")
+    if len(parts) != 4 or parts[0] != "reversal":
+        raise ValueError(f"{item_id!r}: not a reversal question id (reversal-<direction>-<poem>-<line>)")
+    return "-".join(parts[2:])
 
 
 def gap(forward: dict, reverse: dict) -> dict:
