@@ -81,6 +81,8 @@ CLAIMS = (
           "sudoku_pure"),
     Claim("Countdown-3: masked diffusion vs AR, same size and data", "anyorder", "countdown_ar",
           "countdown_pure"),
+    Claim("Reversal, the reverse question on held-out poems: masked diffusion vs AR, both past the forward gate",
+          "anyorder", "reversal2_before_ar", "reversal2_before_pure"),
 )
 #: the perplexity ladder's row: (file, reference model, model) of the per-seed CSV
 LADDER = ("perplexity_char-long_seeds.csv", "mdlm", "bd4")
