@@ -114,7 +114,7 @@ def anyorder_curves(results: Path) -> str:
                       "the curves and the answer loss: [curves.md](../results/anyorder/curves/curves.md)).", "",
                       *markdown_table(["task", "objective", "LR", "steps", "held-out accuracy per evaluation",
                                        "CPU h", "run"], body), "", "The grid's picks among its finished runs (the plan's grid: "
-                      f"5e-4, 1e-3, 2e-3 per task and objective): {picks}."])
+                      f"5e-4, 1e-3, 2e-3 per task and objective; 2.5e-4 the Countdown diffusion edge check): {picks}."])
 
 
 def countdown_faults(results: Path) -> str:
