@@ -178,10 +178,13 @@ def gap(forward: dict, reverse: dict) -> dict:
     return {"facts": len(both), "gap_pp": -100 * diff, "gap_ci_pp": [-100 * hi, -100 * lo]}
 
 
-def gap_table(rows: list[dict]) -> list[list]:
-    """The gap rows of a table (task, row, facts, gap [CI]) for markdown."""
-    return [[r["task"].rsplit("_", 1)[0], r["row"], r["facts"], f"{r['gap_pp']:.1f} [{r['gap_ci_pp'][0]:.1f}, "
+def gap_table(rows: list[dict]) -> list[str]:
+    """The reversal gaps of a table's rows as Markdown lines (none when no row has one)."""
+    gaps = [[r["task"].rsplit("_", 1)[0], r["row"], r["facts"], f"{r['gap_pp']:.1f} [{r['gap_ci_pp'][0]:.1f}, "
              f"{r['gap_ci_pp'][1]:.1f}]"] for r in rows if "gap_pp" in r]
+    return ["", "The reversal gap: forward minus reverse accuracy of each model past the forward gate, on the "
+            "facts asked both ways (points; Newcombe's paired 95% CI).", "",
+            *markdown_table(["task", "row", "facts", "gap [95% CI]"], gaps)] if gaps else []
 
 
 def report(out: Path) -> dict:
@@ -226,11 +229,7 @@ def report(out: Path) -> dict:
           f"right). A reverse (`_before`) row is scored only for a model whose forward accuracy on the trained "
           f"questions (`_after`) is at least {100 * GATE:.0f}%. Samples: {sample_shas(out)}."), "",
           *markdown_table(["task", "row", "n", "accuracy % [95% CI]", "paired vs", "McNemar p (b/c)"], table)]
-    gaps = gap_table(rows)
-    if gaps:
-        md += ["", "The reversal gap: forward minus reverse accuracy of each model past the forward gate, on the "
-               "facts asked both ways (points; Newcombe's paired 95% CI).", "",
-               *markdown_table(["task", "row", "facts", "gap [95% CI]"], gaps)]
+    md += gap_table(rows)
     atomic_write_text(out / "table.md", "\n".join(md) + "\n")
     atomic_write_text(out / "table.json", stable_json(rows, indent=1))
     print("\n".join(md))

@@ -75,12 +75,7 @@ def anyorder_tests(results: Path) -> str:
              *markdown_table(["task", "pair", "accuracy %", "p", "b/c", f"at p < {ALPHA}"], body)]
     if gated:
         lines += ["", f"Not scored (forward accuracy on the trained questions below the 95% gate): {', '.join(gated)}."]
-    gaps = gap_table(rows)
-    if gaps:
-        lines += ["", "The reversal gap, forward minus reverse accuracy on the facts asked both ways (points, "
-                  "Newcombe's paired 95% CI), for each model past the gate:", "",
-                  *markdown_table(["task", "row", "facts", "gap [95% CI]"], gaps)]
-    return "\n".join(lines)
+    return "\n".join(lines + gap_table(rows))
 
 
 def load_race(results: Path) -> str:
